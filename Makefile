@@ -1,0 +1,62 @@
+# agentq: one command each for set-up, check, test, bench and demo.
+# Every install step lives here, so a fresh clone on a fresh machine only needs
+# Python 3.11+, Go 1.26+ and make.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: help venv controlplane check lint typecheck imports unit integration test bench demo demo-down clean
+
+help:
+	@echo "make test     set up everything, then run checks and the whole test suite"
+	@echo "make demo     run agentq on the embedded control plane"
+	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
+	@echo "make check    ruff, mypy, import-linter"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	$(BIN)/pip install --quiet -e '.[test,dev,plot]'
+	touch $@
+
+venv: $(STAMP)
+
+# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Go
+# module proxy once per machine (cached outside the repo), or finds them.
+controlplane: venv
+	$(BIN)/agentq cluster build
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+imports: venv
+	$(BIN)/lint-imports
+
+check: lint typecheck imports
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+integration: venv controlplane
+	$(BIN)/pytest tests/integration
+
+test: venv controlplane check
+	$(BIN)/pytest
+
+bench: venv
+	$(BIN)/python bench/scheduler_bench.py
+
+demo: venv controlplane
+	$(BIN)/python -m agentq.demo
+
+demo-down: venv
+	$(BIN)/agentq cluster down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,137 @@
+"""Finds the control-plane binaries, or builds them once per machine.
+
+Resolution, per binary: ``$KUBEBUILDER_ASSETS/<name>`` if it exists (the user
+chose it); else the one on ``PATH`` if it reports the pinned version; else the
+per-version cache directory, which ``e2e/controlplane/build.sh`` fills from the
+Go module proxy with the machine's Go toolchain. The cache lives outside the
+repository (``$AGENTQ_CACHE_DIR``, default ``$XDG_CACHE_HOME/agentq`` or
+``~/.cache/agentq``) so a fresh clone reuses a build made by an earlier one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from agentq.controlplane.versions import (
+    BINARIES,
+    ETCD_VERSION,
+    KUBERNETES_VERSION,
+    expected_version,
+)
+
+
+class BinaryError(RuntimeError):
+    """A binary could not be found or built; the message says why and what to do."""
+
+
+def cache_root() -> Path:
+    """Where agentq caches things that outlive a checkout."""
+    explicit = os.environ.get("AGENTQ_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "agentq"
+
+
+def cache_dir() -> Path:
+    """The directory holding the binaries of the pinned versions."""
+    return cache_root() / "controlplane" / f"{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+
+
+def source_dir() -> Path:
+    """The Go wrapper modules and build script (``e2e/controlplane`` of the repo)."""
+    explicit = os.environ.get("AGENTQ_CONTROLPLANE_SRC")
+    if explicit:
+        return Path(explicit)
+    # operator/agentq/controlplane/binaries.py -> repository root is three levels up.
+    return Path(__file__).resolve().parents[3] / "e2e" / "controlplane"
+
+
+def reported_version(path: Path, binary: str) -> str:
+    """What ``path`` says its version is ('' if it cannot say)."""
+    try:
+        done = subprocess.run(
+            [str(path), *BINARIES[binary]],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout + done.stderr
+
+
+def _found_elsewhere(binary: str) -> Path | None:
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        candidate = Path(assets) / binary
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    on_path = shutil.which(binary)
+    if on_path and expected_version(binary) in reported_version(Path(on_path), binary):
+        return Path(on_path)
+    return None
+
+
+def resolve(*, build: bool = True, say: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Map every control-plane binary name to an executable of the pinned version.
+
+    Builds into the cache when something is missing and ``build`` is true (this
+    takes a long while the first time on a small machine); otherwise raises
+    ``BinaryError`` naming what is missing.
+    """
+    found = {name: _found_elsewhere(name) for name in BINARIES}
+    cached = cache_dir()
+    missing = [n for n, p in found.items() if p is None and not (cached / n).is_file()]
+    if missing:
+        if not build:
+            raise BinaryError(
+                f"missing control-plane binaries {', '.join(missing)} "
+                f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached}); run 'agentq cluster build'"
+            )
+        build_into(cached, say=say)
+    return {name: path if path is not None else cached / name for name, path in found.items()}
+
+
+def build_into(dest: Path, *, say: Callable[[str], None] | None = None) -> None:
+    """Run ``build.sh`` into ``dest`` under a lock, so two builds never race."""
+    say = say or (lambda line: print(line, file=sys.stderr))
+    if shutil.which("go") is None:
+        raise BinaryError(
+            "the control plane is built from source and needs Go >= 1.26 on PATH; "
+            "'go' was not found (install Go, or set KUBEBUILDER_ASSETS to prebuilt binaries)"
+        )
+    script = source_dir() / "build.sh"
+    if not script.is_file():
+        raise BinaryError(
+            f"build script {script} not found; set AGENTQ_CONTROLPLANE_SRC to the "
+            "repository's e2e/controlplane directory"
+        )
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    log = dest.parent / f"build-{dest.name}.log"
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build finishes first; then we reuse it
+        if all((dest / name).is_file() for name in BINARIES):
+            return
+        say(
+            f"building etcd {ETCD_VERSION} and Kubernetes {KUBERNETES_VERSION} from the Go "
+            f"module proxy into {dest} (once per machine; log: {log})"
+        )
+        with open(log, "w") as out:
+            done = subprocess.run(
+                ["bash", str(script), str(dest)], stdout=out, stderr=subprocess.STDOUT, check=False
+            )
+        if done.returncode != 0:
+            tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+            raise BinaryError(
+                f"building the control plane failed (exit {done.returncode}); "
+                f"last lines of {log}:\n{tail}"
+            )
+        say(f"built the control plane into {dest}")

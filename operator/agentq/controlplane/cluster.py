@@ -1,0 +1,381 @@
+"""Starts, checks and stops the embedded control plane's processes.
+
+One cluster per state directory (default ``$AGENTQ_STATE_DIR`` or
+``~/.local/state/agentq/cluster``): its certificates, kubeconfig, etcd data,
+logs and ``state.json`` with the pids it started. Everything listens on
+127.0.0.1 only, on free ports. ``down`` stops exactly the pids recorded in
+``state.json`` (after checking each still runs the binary we started, so a
+recycled pid is never signalled) and removes the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agentq.controlplane import binaries, pki
+from agentq.controlplane.versions import KUBERNETES_VERSION
+
+# Order matters: each depends on the one before; ``down`` stops them in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
+SERVICE_CIDR = "10.0.0.0/24"
+_PR_SET_PDEATHSIG = 1
+
+
+class ClusterError(RuntimeError):
+    """The control plane could not be started, checked or stopped; says why."""
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` recorded, persisted as ``state.json`` in the state directory."""
+
+    state_dir: str
+    kubeconfig: str
+    server: str
+    etcd_url: str
+    bin_dir: str
+    binaries: dict[str, str]
+    pids: dict[str, int] = field(default_factory=dict)
+    started_at: float = 0.0
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point clients (and kubectl) at this cluster."""
+        return {"KUBECONFIG": self.kubeconfig, "AGENTQ_KUBECTL": self.binaries["kubectl"]}
+
+
+def default_state_dir() -> Path:
+    explicit = os.environ.get("AGENTQ_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_STATE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "agentq" / "cluster"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def ensure_port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            raise ClusterError(f"port {port} on 127.0.0.1 is in use ({err.strerror})") from err
+
+
+def pid_runs(pid: int, executable: str) -> bool:
+    """True if ``pid`` is alive and still runs ``executable`` (guards against pid reuse)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # A zombie (state Z) has exited; only its parent has not reaped it yet.
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return False
+    return bool(cmdline) and cmdline[0].decode(errors="replace") == executable
+
+
+def _log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "".join(text.splitlines(keepends=True)[-lines:])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: if the process that started us dies
+    # (a test session killed with SIGKILL), the kernel kills us too.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Cluster:
+    """The embedded control plane whose state lives in ``state_dir``."""
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.state_dir = Path(state_dir) if state_dir else default_state_dir()
+        self.state_file = self.state_dir / "state.json"
+        self.log_dir = self.state_dir / "logs"
+
+    # -- reading state ---------------------------------------------------------------
+
+    def load(self) -> ClusterState | None:
+        try:
+            return ClusterState(**json.loads(self.state_file.read_text()))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as err:
+            raise ClusterError(
+                f"{self.state_file} is unreadable ({err}); remove {self.state_dir}"
+            ) from err
+
+    def running(self, state: ClusterState) -> dict[str, bool]:
+        """For each component recorded in ``state``: is its process still running?"""
+        return {name: pid_runs(pid, state.binaries[name]) for name, pid in state.pids.items()}
+
+    # -- up --------------------------------------------------------------------------
+
+    def up(
+        self,
+        *,
+        port: int | None = None,
+        build: bool = True,
+        timeout: float = 180.0,
+        tie_to_parent: bool = False,
+        say: Callable[[str], None] = lambda _: None,
+    ) -> ClusterState:
+        """Start etcd, kube-apiserver and kube-controller-manager; return when ready.
+
+        Ready means ``/readyz`` is ok, the ``default`` namespace exists and the
+        controller manager has created its ``default`` service account. With
+        ``tie_to_parent`` the processes die with the calling process.
+        """
+        existing = self.load()
+        if existing is not None:
+            alive = self.running(existing)
+            if any(alive.values()):
+                raise ClusterError(
+                    f"a cluster is already running from {self.state_dir} "
+                    f"(server {existing.server}, pids {existing.pids}); "
+                    "use it, or 'agentq cluster down' first"
+                )
+            self._remove_state()  # left over from a crash: nothing of it runs
+        if port is not None:
+            ensure_port_free(port)
+        paths = binaries.resolve(build=build, say=say)
+
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        certs = pki.generate(self.state_dir / "pki")
+        api_port = port or free_port()
+        etcd_client, etcd_peer = free_port(), free_port()
+        server = f"https://127.0.0.1:{api_port}"
+        state = ClusterState(
+            state_dir=str(self.state_dir),
+            kubeconfig=str(self.state_dir / "kubeconfig"),
+            server=server,
+            etcd_url=f"http://127.0.0.1:{etcd_client}",
+            bin_dir=str(paths["kubectl"].parent),
+            binaries={name: str(path) for name, path in paths.items()},
+            started_at=time.time(),
+        )
+        pki.write_kubeconfig(Path(state.kubeconfig), server=server, pki=certs)
+        args = {
+            "etcd": self._etcd_args(etcd_client, etcd_peer),
+            "kube-apiserver": self._apiserver_args(api_port, state.etcd_url, certs),
+            "kube-controller-manager": self._kcm_args(state.kubeconfig, certs),
+        }
+        deadline = time.monotonic() + timeout
+        try:
+            for name in COMPONENTS:
+                say(f"starting {name}")
+                proc = self._start(name, state.binaries[name], args[name], tie_to_parent)
+                state.pids[name] = proc.pid
+                self._save(state)
+                self._wait_ready(name, proc, state, certs, deadline)
+        except BaseException:
+            self._stop(state)
+            raise
+        say(f"control plane {KUBERNETES_VERSION} ready at {server}")
+        return state
+
+    @staticmethod
+    def _etcd_args(client: int, peer: int) -> list[str]:
+        return [
+            "--name=default",
+            "--data-dir=etcd",
+            f"--listen-client-urls=http://127.0.0.1:{client}",
+            f"--advertise-client-urls=http://127.0.0.1:{client}",
+            f"--listen-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{peer}",
+            "--log-level=warn",
+            # A throwaway local cluster: durability across power loss buys nothing,
+            # and fsync dominates latency on shared disks.
+            "--unsafe-no-fsync=true",
+        ]
+
+    @staticmethod
+    def _apiserver_args(port: int, etcd_url: str, certs: pki.Pki) -> list[str]:
+        return [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={certs.ca_cert.parent}",
+            f"--tls-cert-file={certs.serving_cert}",
+            f"--tls-private-key-file={certs.serving_key}",
+            f"--client-ca-file={certs.ca_cert}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={certs.sa_pub}",
+            f"--service-account-signing-key-file={certs.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            # No kube-proxy or nodes consume the kubernetes endpoints here.
+            "--endpoint-reconciler-type=none",
+            "--profiling=false",
+        ]
+
+    def _kcm_args(self, kubeconfig: str, certs: pki.Pki) -> list[str]:
+        return [
+            f"--kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            f"--service-account-private-key-file={certs.sa_key}",
+            f"--root-ca-file={certs.ca_cert}",
+            f"--cluster-signing-cert-file={certs.ca_cert}",
+            f"--cluster-signing-key-file={certs.ca_key}",
+            f"--cert-dir={self.state_dir / 'kcm-certs'}",
+            "--profiling=false",
+        ]
+
+    def _start(
+        self, name: str, binary: str, args: list[str], tie_to_parent: bool
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - inherited by the child
+        try:
+            return subprocess.Popen(
+                [binary, *args],
+                cwd=self.state_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own session: a Ctrl-C at the terminal that ran 'up' must not stop it.
+                start_new_session=True,
+                preexec_fn=_die_with_parent if tie_to_parent else None,
+            )
+        except OSError as err:
+            raise ClusterError(f"cannot start {name} ({binary}): {err}") from err
+        finally:
+            log.close()
+
+    def _wait_ready(
+        self,
+        name: str,
+        proc: subprocess.Popen[bytes],
+        state: ClusterState,
+        certs: pki.Pki,
+        deadline: float,
+    ) -> None:
+        checks: dict[str, Callable[[], bool]] = {
+            "etcd": lambda: self._get(f"{state.etcd_url}/health", None).find(b'"true"') >= 0,
+            "kube-apiserver": lambda: (
+                self._get(f"{state.server}/readyz", certs) == b"ok"
+                and bool(self._get(f"{state.server}/api/v1/namespaces/default", certs))
+            ),
+            "kube-controller-manager": lambda: bool(
+                self._get(
+                    f"{state.server}/api/v1/namespaces/default/serviceaccounts/default", certs
+                )
+            ),
+        }
+        check = checks[name]
+        log = self.log_dir / f"{name}.log"
+        while True:
+            if proc.poll() is not None:
+                raise ClusterError(
+                    f"{name} exited with code {proc.returncode} while starting; "
+                    f"last lines of {log}:\n{_log_tail(log)}"
+                )
+            if check():
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"{name} was not ready in time; last lines of {log}:\n{_log_tail(log)}"
+                )
+            time.sleep(0.2)
+
+    @staticmethod
+    def _get(url: str, certs: pki.Pki | None) -> bytes:
+        """GET ``url``; the body on 200, b'' on any error (the caller polls)."""
+        context = None
+        if certs is not None:
+            context = ssl.create_default_context(cafile=str(certs.ca_cert))
+            context.load_cert_chain(str(certs.admin_cert), str(certs.admin_key))
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
+                body: bytes = response.read()
+                return body if response.status == 200 else b""
+        except (OSError, urllib.error.URLError, ssl.SSLError):
+            return b""
+
+    def _save(self, state: ClusterState) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self.state_file)
+
+    # -- down ------------------------------------------------------------------------
+
+    def down(self, *, say: Callable[[str], None] = lambda _: None) -> bool:
+        """Stop every process this cluster started and remove its state; False if none."""
+        state = self.load()
+        if state is None:
+            if self.state_dir.exists():
+                self._remove_state()
+            return False
+        self._stop(state, say=say)
+        self._remove_state()
+        return True
+
+    def _stop(self, state: ClusterState, *, say: Callable[[str], None] = lambda _: None) -> None:
+        for name in reversed(COMPONENTS):
+            pid = state.pids.get(name)
+            if pid is None or not pid_runs(pid, state.binaries[name]):
+                continue
+            say(f"stopping {name} (pid {pid})")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(pid, state.binaries[name], 10.0):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                if not _wait_gone(pid, state.binaries[name], 5.0):
+                    raise ClusterError(f"{name} (pid {pid}) did not stop after SIGKILL")
+
+    def _remove_state(self) -> None:
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _wait_gone(pid: int, executable: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        # Reap it if it is our own child (the test fixture case); harmless otherwise.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not pid_runs(pid, executable):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@contextlib.contextmanager
+def running_cluster(state_dir: Path, **up_kwargs: object) -> Iterator[ClusterState]:
+    """Bring a cluster up for the duration of a ``with`` block, and down after."""
+    cluster = Cluster(state_dir)
+    state = cluster.up(**up_kwargs)  # type: ignore[arg-type]
+    try:
+        yield state
+    finally:
+        cluster.down()

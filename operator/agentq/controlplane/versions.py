@@ -1,0 +1,25 @@
+"""The pinned versions of the embedded control plane.
+
+They must match ``e2e/controlplane/kubernetes/go.mod`` and
+``e2e/controlplane/etcd/go.mod`` (a unit test checks it): the Go wrapper
+modules are what gets built, these constants are what gets looked for.
+"""
+
+KUBERNETES_VERSION = "v1.36.5"
+# The etcd release Kubernetes v1.36 ships with (its go.mod requires etcd v3.6.8).
+ETCD_VERSION = "v3.6.8"
+
+# Binaries the control plane needs, each with the argument that prints its version.
+BINARIES: dict[str, tuple[str, ...]] = {
+    "etcd": ("--version",),
+    "kube-apiserver": ("--version",),
+    "kube-controller-manager": ("--version",),
+    "kubectl": ("version", "--client"),
+}
+
+
+def expected_version(binary: str) -> str:
+    """The version string ``binary``'s version output must contain."""
+    if binary == "etcd":
+        return ETCD_VERSION.removeprefix("v")
+    return KUBERNETES_VERSION

@@ -1,0 +1,20 @@
+"""Shared pytest configuration: every test is marked by the directory it lives in.
+
+``tests/unit`` needs nothing but Python; ``tests/integration`` needs the embedded
+control plane (see ``tests/integration/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = Path(item.path).relative_to(_HERE).parts
+        if parts and parts[0] in ("unit", "integration"):
+            item.add_marker(getattr(pytest.mark, parts[0]))
