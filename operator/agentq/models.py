@@ -1,0 +1,552 @@
+"""The AgentTask and AgentWorker API (``agentq.dev/v1alpha1``) as pydantic models.
+
+This module owns the Python view of the two custom resources. It mirrors
+``crds/agenttasks.agentq.dev.yaml`` and ``crds/agentworkers.agentq.dev.yaml``
+field for field: the same camelCase names (as aliases of snake_case attributes),
+defaults, bounds, enums and patterns, and one check per CEL rule with the same
+message. ``tests/unit/test_crd_models.py`` fails when the two drift apart;
+``docs/api.md`` is the reference for users.
+
+It does no I/O and imports neither kopf nor kubernetes, so the scheduling core,
+the CLI and the tests can all use it. Entry points:
+
+- ``parse_task(body)`` / ``parse_worker(body)``: a whole object (a dict from the
+  API server or a kopf ``Body``) to ``AgentTask`` / ``AgentWorker``;
+- ``parse_task_spec``, ``parse_task_status``, ``parse_worker_spec``,
+  ``parse_worker_status``: one part (kopf's ``spec`` / ``status`` kwargs);
+- ``Model.to_dict()``: back to the JSON the API server expects (camelCase,
+  unset optional fields left out), e.g. for a status replace.
+
+Unknown fields are ignored when parsing, as Kubernetes clients do: the API
+server already refuses them on user input (strict field validation) and prunes
+them from storage, so an unknown field here can only come from a newer CRD than
+this code, which must not stop an older operator during an upgrade.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Self, TypeVar
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel, to_snake
+
+from agentq import GROUP, VERSION
+
+__all__ = [
+    "API_VERSION",
+    "CAPABILITY_PATTERN",
+    "DEFAULT_LEASE_DURATION_SECONDS",
+    "MAX_CAPABILITIES",
+    "MAX_HISTORY",
+    "MAX_NAME_LENGTH",
+    "TASK_PLURAL",
+    "WORKER_PLURAL",
+    "AgentTask",
+    "AgentTaskSpec",
+    "AgentTaskStatus",
+    "AgentWorker",
+    "AgentWorkerSpec",
+    "AgentWorkerStatus",
+    "AttemptOutcome",
+    "AttemptRecord",
+    "Condition",
+    "ConditionStatus",
+    "LeaseExpiryPolicy",
+    "ModelError",
+    "ObjectMeta",
+    "ProgressMarker",
+    "RetryBackoff",
+    "TaskError",
+    "TaskPhase",
+    "WorkerPhase",
+    "parse_task",
+    "parse_task_spec",
+    "parse_task_status",
+    "parse_worker",
+    "parse_worker_spec",
+    "parse_worker_status",
+    "to_plain",
+]
+
+API_VERSION = f"{GROUP}/{VERSION}"
+TASK_PLURAL = "agenttasks"
+WORKER_PLURAL = "agentworkers"
+
+# A capability is a short lowercase name (a DNS label): "gpu", "python-3-12".
+CAPABILITY_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_CAPABILITIES = 16
+# Object names become label values (agentq.dev/task, agentq.dev/worker): 63 at most.
+MAX_NAME_LENGTH = 63
+MAX_HISTORY = 20
+DEFAULT_LEASE_DURATION_SECONDS = 30
+
+# metav1.Condition's own validation, as in every generated CRD.
+_CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+_CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+
+
+class ModelError(ValueError):
+    """A Kubernetes object (or part of one) that does not fit the agentq schema."""
+
+
+# --- enums -----------------------------------------------------------------------
+
+
+class TaskPhase(StrEnum):
+    """``AgentTask.status.phase``."""
+
+    PENDING = "Pending"
+    ASSIGNED = "Assigned"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    DEAD_LETTERED = "DeadLettered"
+    HELD = "Held"
+
+    @property
+    def is_final(self) -> bool:
+        """Succeeded, Failed and DeadLettered never change again (short of a requeue)."""
+        return self in (TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.DEAD_LETTERED)
+
+
+class WorkerPhase(StrEnum):
+    """``AgentWorker.status.phase``."""
+
+    READY = "Ready"
+    NOT_READY = "NotReady"
+    DRAINING = "Draining"
+
+
+class LeaseExpiryPolicy(StrEnum):
+    """``AgentTask.spec.onLeaseExpiry``."""
+
+    REDISPATCH = "Redispatch"
+    GRACE_PERIOD = "GracePeriod"
+    HOLD = "Hold"
+
+
+class AttemptOutcome(StrEnum):
+    """How an attempt ended, in ``AgentTask.status.history``."""
+
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    LEASE_EXPIRED = "LeaseExpired"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+
+
+class ConditionStatus(StrEnum):
+    """``metav1.Condition.status``."""
+
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+# --- field types -----------------------------------------------------------------
+
+
+def _refuse_duplicates(data: Any, field: str) -> None:
+    # The API server refuses duplicates in a list-type=set; a frozenset would
+    # silently merge them, so refuse them here too.
+    if not isinstance(data, Mapping):
+        return
+    value = data.get(field, data.get(to_snake(field)))
+    if isinstance(value, list | tuple):
+        seen: set[Any] = set()
+        for item in value:
+            if item in seen:
+                raise ValueError(f"{field} must not repeat {item!r}")
+            seen.add(item)
+
+
+Capability = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=CAPABILITY_PATTERN)
+]
+# A set on the Python side (subset checks), a sorted list on the wire (stable output).
+CapabilitySet = Annotated[
+    frozenset[Capability],
+    PlainSerializer(sorted, return_type=list[str]),
+]
+ObjectName = Annotated[str, StringConstraints(max_length=MAX_NAME_LENGTH)]
+NameSet = Annotated[frozenset[ObjectName], PlainSerializer(sorted, return_type=list[str])]
+
+
+# --- bases -----------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    """Base of the spec-side models: camelCase on the wire, immutable once parsed."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="ignore",
+        frozen=True,
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object as the API server's JSON: camelCase keys, unset (None) fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class _StatusModel(_Model):
+    """Base of the status models: the operator builds and updates them, checked on assignment."""
+
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
+
+
+# --- AgentWorker -----------------------------------------------------------------
+
+
+class AgentWorkerSpec(_Model):
+    """``AgentWorker.spec``: what the worker can do and how much of the queue it takes."""
+
+    capabilities: CapabilitySet = Field(min_length=1, max_length=MAX_CAPABILITIES)
+    weight: float = Field(default=1.0, gt=0, le=1000)
+    max_in_flight: int = Field(default=1, ge=1, le=1000)
+    paused: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_duplicate_capabilities(cls, data: Any) -> Any:
+        _refuse_duplicates(data, "capabilities")
+        return data
+
+    def covers(self, required: frozenset[str]) -> bool:
+        """Whether this worker offers every capability in ``required``."""
+        return required <= self.capabilities
+
+
+class Condition(_StatusModel):
+    """A standard ``metav1.Condition``."""
+
+    type: Annotated[str, StringConstraints(max_length=316, pattern=_CONDITION_TYPE_PATTERN)]
+    status: ConditionStatus
+    observed_generation: int | None = Field(default=None, ge=0)
+    last_transition_time: AwareDatetime
+    reason: Annotated[
+        str, StringConstraints(min_length=1, max_length=1024, pattern=_CONDITION_REASON_PATTERN)
+    ]
+    message: Annotated[str, StringConstraints(max_length=32768)]
+
+
+Conditions = Annotated[list[Condition], Field(max_length=16)]
+
+
+class AgentWorkerStatus(_StatusModel):
+    """``AgentWorker.status``, written by the operator only."""
+
+    phase: WorkerPhase | None = None
+    in_flight: int | None = Field(default=None, ge=0)
+    in_flight_cost: float | None = Field(default=None, ge=0)
+    served_cost: float | None = Field(default=None, ge=0)
+    deficit: float | None = None
+    assigned_tasks: NameSet | None = Field(default=None, max_length=1000)
+    conditions: Conditions | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+# --- AgentTask -------------------------------------------------------------------
+
+
+class RetryBackoff(_Model):
+    """``AgentTask.spec.retryBackoff``: the delay between a failed attempt and the next."""
+
+    initial_seconds: float = Field(default=1.0, ge=0, le=86400)
+    max_seconds: float = Field(default=300.0, ge=0, le=86400)
+    multiplier: float = Field(default=2.0, ge=1, le=10)
+    jitter: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _max_not_below_initial(self) -> Self:
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError("retryBackoff.maxSeconds must be at least retryBackoff.initialSeconds")
+        return self
+
+    def delay_seconds(self, failures: int, *, rand: float) -> float:
+        """The delay after the ``failures``-th consecutive failed attempt (from 1).
+
+        ``min(maxSeconds, initialSeconds * multiplier ** (failures - 1))``, less
+        ``jitter * rand`` of it; ``rand`` is a uniform draw from [0, 1), injected so
+        callers (and tests) own the randomness. Never exceeds ``max_seconds``.
+        """
+        if failures < 1:
+            return 0.0
+        if not 0.0 <= rand <= 1.0:
+            raise ValueError(f"rand must be in [0, 1], not {rand}")
+        try:
+            base = self.initial_seconds * self.multiplier ** (failures - 1)
+        except OverflowError:
+            base = math.inf
+        base = min(self.max_seconds, base)
+        return base * (1.0 - self.jitter * rand)
+
+
+class AgentTaskSpec(_Model):
+    """``AgentTask.spec``: what the task needs and how its claims are leased."""
+
+    required_capabilities: CapabilitySet = Field(default=frozenset(), max_length=MAX_CAPABILITIES)
+    cost: float = Field(default=1.0, gt=0, le=1_000_000)
+    payload: dict[str, JsonValue] | None = None
+    lease_duration_seconds: int = Field(default=DEFAULT_LEASE_DURATION_SECONDS, ge=3, le=86400)
+    heartbeat_interval_seconds: int | None = Field(default=None, ge=1, le=86399)
+    progress_deadline_seconds: int | None = Field(default=None, ge=1, le=604800)
+    max_reclaims: int | None = Field(default=None, ge=0, le=1000)
+    on_lease_expiry: LeaseExpiryPolicy = LeaseExpiryPolicy.REDISPATCH
+    grace_period_seconds: int | None = Field(default=None, ge=1, le=86400)
+    retry_backoff: RetryBackoff = RetryBackoff()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_duplicate_capabilities(cls, data: Any) -> Any:
+        _refuse_duplicates(data, "requiredCapabilities")
+        return data
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> Self:
+        # One check per CEL rule of the CRD, with the same message.
+        hb = self.heartbeat_interval_seconds
+        if hb is not None and hb >= self.lease_duration_seconds:
+            raise ValueError("heartbeatIntervalSeconds must be less than leaseDurationSeconds")
+        deadline = self.progress_deadline_seconds
+        # Integer arithmetic, as in the CEL rule: deadline > lease / 3 <=> 3 * deadline > lease.
+        if deadline is not None and not (
+            deadline > hb if hb is not None else deadline * 3 > self.lease_duration_seconds
+        ):
+            raise ValueError(
+                "progressDeadlineSeconds must be greater than the heartbeat interval "
+                "(heartbeatIntervalSeconds, by default leaseDurationSeconds / 3): "
+                "progress arrives with heartbeats"
+            )
+        grace = self.on_lease_expiry is LeaseExpiryPolicy.GRACE_PERIOD
+        if grace and self.grace_period_seconds is None:
+            raise ValueError("gracePeriodSeconds is required when onLeaseExpiry is GracePeriod")
+        if not grace and self.grace_period_seconds is not None:
+            raise ValueError("gracePeriodSeconds may only be set when onLeaseExpiry is GracePeriod")
+        return self
+
+    @property
+    def effective_heartbeat_interval_seconds(self) -> float:
+        """``heartbeatIntervalSeconds``, or a third of the lease duration when unset."""
+        if self.heartbeat_interval_seconds is not None:
+            return float(self.heartbeat_interval_seconds)
+        return self.lease_duration_seconds / 3
+
+    def effective_max_reclaims(self, default: int) -> int:
+        """``maxReclaims``, or the operator's ``default`` (MAX_RECLAIMS) when unset."""
+        return default if self.max_reclaims is None else self.max_reclaims
+
+
+class ProgressMarker(_StatusModel):
+    """``AgentTask.status.progress``: the last progress marker the agent reported."""
+
+    marker: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    updated_at: AwareDatetime | None = None
+
+
+class TaskError(_StatusModel):
+    """``AgentTask.status.error``: the last reported failure."""
+
+    reason: Annotated[str, StringConstraints(max_length=256)] | None = None
+    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    retryable: bool | None = None
+
+
+class AttemptRecord(_StatusModel):
+    """One entry of ``AgentTask.status.history``: how an attempt ended."""
+
+    worker: ObjectName
+    token: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    outcome: AttemptOutcome
+    reason: Annotated[str, StringConstraints(max_length=256)] | None = None
+    time: AwareDatetime
+
+
+class AgentTaskStatus(_StatusModel):
+    """``AgentTask.status``, written by the operator only."""
+
+    phase: TaskPhase | None = None
+    worker: ObjectName | None = None
+    attempt: int | None = Field(default=None, ge=0)
+    reclaims: int | None = Field(default=None, ge=0)
+    fencing_token: int | None = Field(default=None, ge=0)
+    lease_name: Annotated[str, StringConstraints(max_length=253)] | None = None
+    assigned_at: AwareDatetime | None = None
+    started_at: AwareDatetime | None = None
+    finished_at: AwareDatetime | None = None
+    last_transition_time: AwareDatetime | None = None
+    not_before: AwareDatetime | None = None
+    progress: ProgressMarker | None = None
+    result: JsonValue = None
+    error: TaskError | None = None
+    # The operator keeps the newest MAX_HISTORY entries; more is refused by the API server.
+    history: list[AttemptRecord] | None = Field(default=None, max_length=MAX_HISTORY)
+    refused_reports: int | None = Field(default=None, ge=0)
+    conditions: Conditions | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+# --- whole objects ---------------------------------------------------------------
+
+
+class ObjectMeta(_Model):
+    """The part of ``metadata`` agentq reads (``resource_version`` for compare-and-swap)."""
+
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
+    resource_version: str | None = None
+    generation: int | None = None
+    creation_timestamp: datetime | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentTask(_Model):
+    """A whole AgentTask object."""
+
+    api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
+    kind: Literal["AgentTask"] = "AgentTask"
+    metadata: ObjectMeta
+    spec: AgentTaskSpec = AgentTaskSpec()
+    status: AgentTaskStatus = Field(default_factory=AgentTaskStatus)
+
+    @model_validator(mode="after")
+    def _name_fits_a_label(self) -> Self:
+        if len(self.metadata.name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                "metadata.name must be at most 63 characters: it is used as the value of "
+                "the agentq.dev/task label"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.metadata.namespace
+
+
+class AgentWorker(_Model):
+    """A whole AgentWorker object."""
+
+    api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
+    kind: Literal["AgentWorker"] = "AgentWorker"
+    metadata: ObjectMeta
+    spec: AgentWorkerSpec
+    status: AgentWorkerStatus = Field(default_factory=AgentWorkerStatus)
+
+    @model_validator(mode="after")
+    def _name_fits_a_label(self) -> Self:
+        if len(self.metadata.name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                "metadata.name must be at most 63 characters: it is used as the value of "
+                "the agentq.dev/worker label"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.metadata.namespace
+
+    @property
+    def lease_name(self) -> str:
+        """The worker Lease its sidecar renews: ``agentq-worker-<name>``."""
+        return f"agentq-worker-{self.metadata.name}"
+
+
+# --- parsing ---------------------------------------------------------------------
+
+
+def to_plain(value: Any) -> Any:
+    """A deep copy of ``value`` with every Mapping made a dict and every list a list.
+
+    kopf hands handlers read-only Mapping views (``Body``, ``Spec``, ``Status``);
+    pydantic wants plain dicts.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
+        return [to_plain(v) for v in value]
+    return value
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _describe(errors: ValidationError) -> str:
+    parts = []
+    for err in errors.errors(include_url=False):
+        where = ".".join(str(p) for p in err["loc"]) or "(object)"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _parse(model: type[_M], data: Mapping[str, Any] | None, what: str) -> _M:
+    try:
+        return model.model_validate(to_plain(data) if data is not None else {})
+    except ValidationError as exc:
+        raise ModelError(f"{what} does not fit the agentq.dev schema: {_describe(exc)}") from exc
+
+
+def _identify(kind: str, body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    name = meta.get("name", "?") if isinstance(meta, Mapping) else "?"
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    return f"{kind} {namespace}/{name}" if namespace else f"{kind} {name}"
+
+
+def parse_task(body: Mapping[str, Any]) -> AgentTask:
+    """A whole AgentTask (API server dict or kopf ``Body``); raises ``ModelError``."""
+    return _parse(AgentTask, body, _identify("AgentTask", body))
+
+
+def parse_worker(body: Mapping[str, Any]) -> AgentWorker:
+    """A whole AgentWorker (API server dict or kopf ``Body``); raises ``ModelError``."""
+    return _parse(AgentWorker, body, _identify("AgentWorker", body))
+
+
+def parse_task_spec(spec: Mapping[str, Any] | None) -> AgentTaskSpec:
+    """``AgentTask.spec`` (e.g. kopf's ``spec`` kwarg); raises ``ModelError``."""
+    return _parse(AgentTaskSpec, spec, "AgentTask spec")
+
+
+def parse_task_status(status: Mapping[str, Any] | None) -> AgentTaskStatus:
+    """``AgentTask.status``; a missing or empty status gives an empty model."""
+    return _parse(AgentTaskStatus, status, "AgentTask status")
+
+
+def parse_worker_spec(spec: Mapping[str, Any] | None) -> AgentWorkerSpec:
+    """``AgentWorker.spec`` (e.g. kopf's ``spec`` kwarg); raises ``ModelError``."""
+    return _parse(AgentWorkerSpec, spec, "AgentWorker spec")
+
+
+def parse_worker_status(status: Mapping[str, Any] | None) -> AgentWorkerStatus:
+    """``AgentWorker.status``; a missing or empty status gives an empty model."""
+    return _parse(AgentWorkerStatus, status, "AgentWorker status")
