@@ -115,6 +115,9 @@ class Cluster:
         self.state_dir = Path(state_dir) if state_dir else default_state_dir()
         self.state_file = self.state_dir / "state.json"
         self.log_dir = self.state_dir / "logs"
+        # Popen handles of the processes this object started: kept so they can be
+        # reaped on ``down`` (a dropped handle of a live child warns at collection).
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- reading state ---------------------------------------------------------------
 
@@ -189,6 +192,7 @@ class Cluster:
             for name in COMPONENTS:
                 say(f"starting {name}")
                 proc = self._start(name, state.binaries[name], args[name], tie_to_parent)
+                self._children[proc.pid] = proc
                 state.pids[name] = proc.pid
                 self._save(state)
                 self._wait_ready(name, proc, state, certs, deadline)
@@ -353,6 +357,9 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
                 if not _wait_gone(pid, state.binaries[name], 5.0):
                     raise ClusterError(f"{name} (pid {pid}) did not stop after SIGKILL")
+            child = self._children.pop(pid, None)
+            if child is not None:
+                child.wait(timeout=5)
 
     def _remove_state(self) -> None:
         shutil.rmtree(self.state_dir, ignore_errors=True)
