@@ -10,57 +10,15 @@ cluster instead (for example one from ``agentq cluster up``).
 from __future__ import annotations
 
 import os
-import subprocess
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kubernetes import client, config
 
 from agentq.controlplane import Cluster
 from agentq.controlplane.binaries import resolve
-
-
-@dataclass
-class ControlPlane:
-    """A running API server and the tools to talk to it."""
-
-    kubeconfig: str
-    bin_dir: str
-    server: str
-    kubectl_path: str
-
-    def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "KUBECONFIG": self.kubeconfig,
-            "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '')}",
-        }
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl (the pinned version) against this control plane."""
-        done = subprocess.run(
-            [self.kubectl_path, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            env=self.env(),
-            timeout=timeout,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
-            )
-        return done
-
-    def api_client(self) -> client.ApiClient:
-        """A fresh synchronous Kubernetes API client for this control plane."""
-        return config.new_client_from_config(config_file=self.kubeconfig)
+from fleet import ControlPlane, Fleet
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +53,36 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
     control_plane.kubectl("create", "namespace", name)
     yield name
     control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
+
+
+@pytest.fixture(scope="session")
+def agentq_crds(control_plane: ControlPlane) -> None:
+    """The AgentTask and AgentWorker CRDs, installed and Established."""
+    control_plane.kubectl("apply", "-f", str(CRD_DIR))
+    control_plane.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/agenttasks.agentq.dev",
+        "crd/agentworkers.agentq.dev",
+    )
+
+
+@pytest.fixture
+def fleet(
+    control_plane: ControlPlane, agentq_crds: None, namespace: str, tmp_path: Path
+) -> Iterator[Fleet]:
+    """A namespace with helpers to add workers, tasks, agents and operators to it."""
+    fleet = Fleet(
+        kubeconfig=control_plane.kubeconfig,
+        namespace=namespace,
+        workdir=tmp_path,
+        kubectl=control_plane.kubectl_path,
+    )
+    try:
+        yield fleet
+    finally:
+        fleet.close()

@@ -12,11 +12,11 @@ import json
 import time
 
 import pytest
-from conftest import ControlPlane
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from agentq.controlplane.versions import KUBERNETES_VERSION
+from fleet import ControlPlane
 
 WIDGET_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -73,7 +73,9 @@ def test_crd_is_served_and_its_schema_enforced(control_plane: ControlPlane, name
     )
 
     control_plane.kubectl("apply", "-n", namespace, "-f", "-", input=widget("good", 3))
-    read = json.loads(control_plane.kubectl("get", "-n", namespace, "widget/good", "-o", "json").stdout)
+    read = json.loads(
+        control_plane.kubectl("get", "-n", namespace, "widget/good", "-o", "json").stdout
+    )
     assert read["spec"] == {"size": 3}
     assert read["metadata"]["uid"]
 
