@@ -299,6 +299,7 @@ def test_transition_rules_are_the_immutable_fields() -> None:
     rules = [r for r in cel_rules(root_schema("agenttasks")) if _is_transition(r)]
     assert sorted(_message(r) for r in rules) == [
         "cost is immutable",
+        "payload is immutable",
         "requiredCapabilities is immutable",
     ]
     assert not [r for r in cel_rules(root_schema("agentworkers")) if _is_transition(r)]
