@@ -17,6 +17,8 @@ from agentq import __version__
 _COMMANDS: dict[str, str] = {
     "cluster": "agentq.controlplane.command:cluster",
     "simulate": "agentq.simulation.command:simulate",
+    "operator": "agentq.operator.command:operator",
+    "requeue": "agentq.requeue:requeue",
 }
 
 

@@ -30,12 +30,17 @@ TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "DeadLettered"})
 
 @dataclass(frozen=True)
 class Backoff:
-    """Retry backoff between attempts: initial * multiplier**(n-1), capped, with jitter."""
+    """Retry backoff between attempts: initial * multiplier**(n-1), capped, minus jitter.
+
+    ``jitter`` is the fraction of the delay randomly taken off (1 is "full jitter"):
+    it spreads a burst of retries so they do not land on the workers together.
+    Defaults match the CRD's.
+    """
 
     initial_seconds: float = 1.0
-    max_seconds: float = 60.0
+    max_seconds: float = 300.0
     multiplier: float = 2.0
-    jitter: float = 0.2  # +-20 %: spreads a burst of retries so they do not land together
+    jitter: float = 0.2
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any] | None) -> Backoff:
@@ -49,7 +54,7 @@ class Backoff:
 
     def delay(self, failures: int, rng: random.Random) -> float:
         base = min(self.max_seconds, self.initial_seconds * self.multiplier ** max(0, failures - 1))
-        return max(0.0, base * (1 + rng.uniform(-self.jitter, self.jitter)))
+        return max(0.0, base * (1 - self.jitter * rng.random()))
 
 
 @dataclass(frozen=True)
