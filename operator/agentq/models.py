@@ -26,6 +26,7 @@ this code, which must not stop an older operator during an upgrade.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
@@ -68,11 +69,11 @@ __all__ = [
     "LeaseExpiryPolicy",
     "ModelError",
     "ObjectMeta",
-    "ProgressMarker",
     "RetryBackoff",
     "TaskError",
     "TaskPhase",
     "WorkerPhase",
+    "condition_reason",
     "parse_task",
     "parse_task_spec",
     "parse_task_status",
@@ -143,12 +144,16 @@ class LeaseExpiryPolicy(StrEnum):
 
 
 class AttemptOutcome(StrEnum):
-    """How an attempt ended, in ``AgentTask.status.history``."""
+    """An entry of ``AgentTask.status.history``: how an attempt ended, or a requeue.
+
+    Failed covers every failed attempt (reported failure, expired lease, progress
+    deadline exceeded); the entry's ``reason`` says which.
+    """
 
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
-    LEASE_EXPIRED = "LeaseExpired"
-    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    HELD = "Held"
+    REQUEUED = "Requeued"
 
 
 class ConditionStatus(StrEnum):
@@ -250,6 +255,21 @@ class Condition(_StatusModel):
 
 
 Conditions = Annotated[list[Condition], Field(max_length=16)]
+
+_NOT_A_REASON_CHAR = re.compile(r"[^A-Za-z0-9_]+")
+
+
+def condition_reason(text: str, *, fallback: str = "Unknown") -> str:
+    """``text`` made a valid ``Condition.reason`` (a CamelCase word).
+
+    The API server refuses a condition whose reason does not match
+    ``^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$``, and with it the whole status
+    write; agents report free-form reasons ("out of memory"), so pass those
+    through here first: ``"out of memory" -> "OutOfMemory"``.
+    """
+    words = (w for w in _NOT_A_REASON_CHAR.split(text) if w)
+    reason = "".join(w[:1].upper() + w[1:] for w in words).lstrip("0123456789_")
+    return reason[:1024] or fallback
 
 
 class AgentWorkerStatus(_StatusModel):
@@ -356,29 +376,22 @@ class AgentTaskSpec(_Model):
         return default if self.max_reclaims is None else self.max_reclaims
 
 
-class ProgressMarker(_StatusModel):
-    """``AgentTask.status.progress``: the last progress marker the agent reported."""
-
-    marker: Annotated[str, StringConstraints(max_length=1024)] | None = None
-    updated_at: AwareDatetime | None = None
-
-
 class TaskError(_StatusModel):
     """``AgentTask.status.error``: the last reported failure."""
 
-    reason: Annotated[str, StringConstraints(max_length=256)] | None = None
-    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
+    message: Annotated[str, StringConstraints(max_length=32768)] | None = None
     retryable: bool | None = None
 
 
 class AttemptRecord(_StatusModel):
-    """One entry of ``AgentTask.status.history``: how an attempt ended."""
+    """One entry of ``AgentTask.status.history``: the end of an attempt, or a requeue."""
 
-    worker: ObjectName
-    token: int = Field(ge=1)
-    attempt: int = Field(ge=1)
+    worker: ObjectName | None = None
+    token: int | None = Field(default=None, ge=0)
+    attempt: int | None = Field(default=None, ge=0)
     outcome: AttemptOutcome
-    reason: Annotated[str, StringConstraints(max_length=256)] | None = None
+    reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
     time: AwareDatetime
 
 
@@ -396,11 +409,14 @@ class AgentTaskStatus(_StatusModel):
     finished_at: AwareDatetime | None = None
     last_transition_time: AwareDatetime | None = None
     not_before: AwareDatetime | None = None
-    progress: ProgressMarker | None = None
+    grace_until: AwareDatetime | None = None
+    progress: Annotated[str, StringConstraints(max_length=1024)] | None = None
     result: JsonValue = None
+    result_ref: Annotated[str, StringConstraints(max_length=4096)] | None = None
     error: TaskError | None = None
     # The operator keeps the newest MAX_HISTORY entries; more is refused by the API server.
     history: list[AttemptRecord] | None = Field(default=None, max_length=MAX_HISTORY)
+    requeue_handled: Annotated[str, StringConstraints(max_length=256)] | None = None
     refused_reports: int | None = Field(default=None, ge=0)
     conditions: Conditions | None = None
     observed_generation: int | None = Field(default=None, ge=0)

@@ -298,14 +298,24 @@ def test_status_written_from_the_models_is_accepted(cluster: Cluster) -> None:
         reclaims=1,
         fencing_token=2,
         lease_name="agentq-task-reported",
+        progress="step 3 of 10",
+        grace_until=now,
+        result_ref="file:///tmp/result.json",
+        requeue_handled="20250101T000000Z-0123abcd",
         assigned_at=now,
         started_at=now,
         last_transition_time=now,
         result={"partial": [1, 2]},
         history=[
             AttemptRecord(
-                worker="w0", token=1, attempt=1, outcome=AttemptOutcome.LEASE_EXPIRED, time=now
-            )
+                worker="w0",
+                token=1,
+                attempt=1,
+                outcome=AttemptOutcome.FAILED,
+                reason="LeaseExpired",
+                time=now,
+            ),
+            AttemptRecord(outcome=AttemptOutcome.REQUEUED, reason="Requeued", time=now),
         ],
         refused_reports=1,
         conditions=[

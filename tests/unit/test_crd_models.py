@@ -35,10 +35,10 @@ from agentq.models import (
     Condition,
     ConditionStatus,
     ModelError,
-    ProgressMarker,
     RetryBackoff,
     TaskError,
     TaskPhase,
+    condition_reason,
     parse_task,
     parse_task_spec,
     parse_task_status,
@@ -404,13 +404,22 @@ def test_status_round_trips_through_json() -> None:
         lease_name="agentq-task-t1",
         assigned_at=now,
         finished_at=now,
-        progress=ProgressMarker(marker="3/10", updated_at=now),
+        progress="3/10",
+        grace_until=now,
+        result_ref="s3://bucket/result.json",
+        requeue_handled="20250102T030405Z-abcd1234",
         result={"answer": 42, "refs": ["s3://bucket/key"]},
         error=TaskError(reason="OOM", message="killed", retryable=True),
         history=[
             AttemptRecord(
-                worker="w0", token=6, attempt=1, outcome=AttemptOutcome.LEASE_EXPIRED, time=now
-            )
+                worker="w0",
+                token=6,
+                attempt=1,
+                outcome=AttemptOutcome.FAILED,
+                reason="LeaseExpired",
+                time=now,
+            ),
+            AttemptRecord(outcome=AttemptOutcome.REQUEUED, reason="Requeued", time=now),
         ],
         conditions=[
             Condition(
@@ -424,7 +433,12 @@ def test_status_round_trips_through_json() -> None:
     )
     wire = status.to_dict()
     assert wire["assignedAt"] == "2025-01-02T03:04:05.600000Z"
-    assert wire["history"][0]["outcome"] == "LeaseExpired"
+    assert wire["history"][0]["outcome"] == "Failed"
+    assert wire["history"][1] == {
+        "outcome": "Requeued",
+        "reason": "Requeued",
+        "time": wire["assignedAt"],
+    }
     assert "notBefore" not in wire
     assert parse_task_status(json.loads(json.dumps(wire))) == status
     assert parse_task_status(None) == AgentTaskStatus()
@@ -503,3 +517,27 @@ def test_backoff_is_bounded(
     delay = backoff.delay_seconds(failures, rand=rand)
     assert (1 - jitter) * min(backoff.max_seconds, initial) - 1e-9 <= delay
     assert delay <= backoff.max_seconds
+
+
+# --- condition reasons -------------------------------------------------------------
+
+
+def test_free_form_reasons_become_condition_reasons() -> None:
+    assert condition_reason("out of memory") == "OutOfMemory"
+    assert condition_reason("OOMKilled") == "OOMKilled"
+    assert condition_reason("exit code: 137") == "ExitCode137"
+    assert condition_reason("  ") == "Unknown"
+    assert condition_reason("404 not found") == "NotFound"
+
+
+@given(st.text())
+def test_condition_reason_always_fits_the_api_servers_pattern(text: str) -> None:
+    now = datetime.now(UTC)
+    reason = condition_reason(text)
+    Condition(
+        type="Failed",
+        status=ConditionStatus.TRUE,
+        last_transition_time=now,
+        reason=reason,
+        message="",
+    )
