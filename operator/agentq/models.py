@@ -15,7 +15,9 @@ the CLI and the tests can all use it. Entry points:
 - ``parse_task_spec``, ``parse_task_status``, ``parse_worker_spec``,
   ``parse_worker_status``: one part (kopf's ``spec`` / ``status`` kwargs);
 - ``Model.to_dict()``: back to the JSON the API server expects (camelCase,
-  unset optional fields left out), e.g. for a status replace.
+  unset optional fields left out), e.g. for a status replace;
+- ``Model.to_patch()``: a JSON merge patch of the fields given explicitly
+  (``None`` clears a field), e.g. for a status patch.
 
 Unknown fields are ignored when parsing, as Kubernetes clients do: the API
 server already refuses them on user input (strict field validation) and prunes
@@ -211,6 +213,15 @@ class _Model(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """The object as the API server's JSON: camelCase keys, unset (None) fields left out."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def to_patch(self) -> dict[str, Any]:
+        """A JSON merge patch of the fields given explicitly, ``None`` as ``null``.
+
+        ``AgentTaskStatus(phase=TaskPhase.PENDING, worker=None).to_patch()`` is
+        ``{"phase": "Pending", "worker": None}``: sets the phase, removes the
+        worker, leaves every other field alone.
+        """
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 class _StatusModel(_Model):

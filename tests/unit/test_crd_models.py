@@ -448,6 +448,19 @@ def test_status_round_trips_through_json() -> None:
     }
 
 
+def test_a_patch_holds_the_given_fields_and_clears_the_given_nones() -> None:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    patch = AgentTaskStatus(
+        phase=TaskPhase.PENDING, worker=None, not_before=now, error=TaskError(retryable=False)
+    ).to_patch()
+    assert patch == {
+        "phase": "Pending",
+        "worker": None,
+        "notBefore": "2025-01-01T00:00:00Z",
+        "error": {"retryable": False},
+    }
+
+
 def test_unknown_fields_are_ignored_when_parsing() -> None:
     spec = parse_task_spec({"cost": 2, "priority": 9})
     assert spec.cost == 2
