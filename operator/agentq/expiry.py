@@ -74,6 +74,11 @@ class LeaseTracker:
         seen = self._seen.get(key)
         return seen.record if seen else None
 
+    def last_change(self, key: Hashable) -> float | None:
+        """When (monotonic) the record was last seen to change."""
+        seen = self._seen.get(key)
+        return None if seen is None else seen.changed_at
+
     def expires_at(self, key: Hashable) -> float | None:
         """The monotonic time at which the lease expires unless it changes first."""
         seen = self._seen.get(key)

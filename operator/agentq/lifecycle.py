@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.clock import rfc3339
+from agentq.models import condition_reason
 from agentq.protocol import Report
 
 HISTORY_LIMIT = 20
@@ -82,7 +83,8 @@ def _condition(kind: str, ok: bool, reason: str, message: str, now: str) -> dict
     return {
         "type": kind,
         "status": "True" if ok else "False",
-        "reason": reason,
+        # Agents report free-form reasons; a condition's reason must be a CamelCase word.
+        "reason": condition_reason(reason),
         "message": message,
         "lastTransitionTime": now,
     }
@@ -106,6 +108,7 @@ def grant(
             "phase": "Assigned",
             "worker": worker,
             "attempt": attempt,
+            "reclaims": int(status.get("reclaims") or 0),
             "fencingToken": token,
             "leaseName": lease_name,
             "assignedAt": stamp,

@@ -1,0 +1,69 @@
+"""``agentq operator``: run the operator (flags override environment variables)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+from typing import Any
+
+import click
+
+from agentq.operator.config import OperatorConfig
+
+
+@click.command()
+@click.option("--max-reclaims", type=click.IntRange(min=0), help="MAX_RECLAIMS [default: 3]")
+@click.option(
+    "--default-lease-seconds",
+    type=click.IntRange(min=1),
+    help="DEFAULT_LEASE_SECONDS [default: 30]",
+)
+@click.option(
+    "--reconcile-interval",
+    type=click.FloatRange(min=0.1),
+    help="RECONCILE_INTERVAL seconds [default: 2]",
+)
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Namespace to watch (repeatable); NAMESPACES; default: all",
+)
+@click.option(
+    "--metrics-port", type=click.IntRange(min=0), help="METRICS_PORT [default: 8080]; 0 disables"
+)
+@click.option(
+    "--leader-election/--no-leader-election", default=None, help="LEADER_ELECTION [default: on]"
+)
+@click.option("--leader-namespace", help="LEADER_NAMESPACE [default: default]")
+@click.option(
+    "--leader-lease-seconds",
+    type=click.FloatRange(min=1),
+    help="LEADER_LEASE_SECONDS [default: 15]",
+)
+@click.option(
+    "--log-level",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+)
+def operator(log_level: str, **flags: Any) -> None:
+    """Run the agentq operator against the current kubeconfig (or in-cluster account)."""
+    logging.basicConfig(
+        level=log_level,
+        stream=sys.stderr,
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}',
+    )
+    logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
+    values: dict[str, Any] = OperatorConfig.env_defaults()
+    for name, value in flags.items():
+        if value is None or value == ():
+            continue
+        values[name] = tuple(value) if name == "namespaces" else value
+    fields = {f.name for f in dataclasses.fields(OperatorConfig)}
+    config = OperatorConfig(**{k: v for k, v in values.items() if k in fields})
+    from agentq.operator.main import run
+
+    asyncio.run(run(config))

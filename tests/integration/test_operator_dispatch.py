@@ -1,0 +1,109 @@
+"""Dispatch on the real API server: capability matching, weighted shares, printer columns.
+
+The operator runs as a process; scripted agents (real processes) hold the claims.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from agentq import protocol
+from builders import task, worker
+from fleet import Fleet
+
+
+def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
+    fleet.add_worker(worker("gpu-1").capabilities("gpu", "llm").max_in_flight(4))
+    fleet.add_worker(worker("cpu-1").capabilities("cpu", "llm").max_in_flight(4))
+    fleet.agent("gpu-1", "complete", work_seconds=0.3)
+    fleet.agent("cpu-1", "complete", work_seconds=0.3)
+    fleet.operator()
+    for i in range(4):
+        fleet.add_task(task(f"render-{i}").requires("gpu"))
+        fleet.add_task(task(f"summarise-{i}").requires("llm"))
+        fleet.add_task(task(f"parse-{i}").requires("cpu", "llm"))
+    fleet.add_task(task("impossible").requires("quantum"))
+
+    done = fleet.wait_all(
+        lambda items: all(
+            (t.get("status") or {}).get("phase") == "Succeeded"
+            for t in items
+            if t["metadata"]["name"] != "impossible"
+        ),
+        timeout=60,
+    )
+    by_name = {t["metadata"]["name"]: t["status"] for t in done}
+    for i in range(4):
+        assert by_name[f"render-{i}"]["worker"] == "gpu-1"
+        assert by_name[f"parse-{i}"]["worker"] == "cpu-1"
+        assert by_name[f"summarise-{i}"]["worker"] in ("gpu-1", "cpu-1")
+        assert by_name[f"render-{i}"]["result"] == {"by": "gpu-1"}
+        assert by_name[f"render-{i}"]["attempt"] == 1
+    assert by_name["impossible"]["phase"] == "Pending"
+    assert "worker" not in by_name["impossible"]
+    # The claim's Lease is removed once the attempt is over.
+    assert fleet.task_lease("render-0") is None
+    assert "Assigned" in fleet.reasons("render-0")
+
+    table = fleet.kubectl("get", "agenttasks")
+    header = table.splitlines()[0].split()
+    assert header[:5] == ["NAME", "PHASE", "WORKER", "ATTEMPT", "RECLAIMS"]
+    assert "AGE" in header
+    row = next(line.split() for line in table.splitlines() if line.startswith("render-0 "))
+    assert row[1:5] == ["Succeeded", "gpu-1", "1", "0"]
+
+    # Worker status is published at most once a second per worker: wait for it.
+    fleet.wait_all(lambda _: fleet.worker("gpu-1").get("status", {}).get("inFlight") == 0)
+    ready = fleet.worker("gpu-1")["status"]
+    assert ready["phase"] == "Ready"
+    assert ready["servedCost"] >= 4  # the four gpu-only tasks, at least
+
+
+def test_weights_are_honoured_over_a_backlog(fleet: Fleet) -> None:
+    weights = {"w1": 1, "w2": 2, "w4": 4}
+    for name, weight in weights.items():
+        fleet.add_worker(worker(name).capabilities("llm").weight(weight).max_in_flight(100))
+        fleet.agent(name, "hold")
+    costs = [1 + (i % 3) for i in range(70)]  # costs 1..3, total 140
+    for i, cost in enumerate(costs):
+        fleet.add_task(task(f"job-{i:03d}").requires("llm").cost(cost))
+    fleet.operator()
+
+    items = fleet.wait_all(
+        lambda items: all((t.get("status") or {}).get("phase") == "Running" for t in items),
+        timeout=90,
+    )
+    served: Counter[str] = Counter()
+    for t in items:
+        served[t["status"]["worker"]] += t["spec"]["cost"]
+    total = sum(costs)
+    for name, weight in weights.items():
+        fair = total * weight / sum(weights.values())
+        # The DRR bound: within one maximum task cost of the weighted share.
+        assert abs(served[name] - fair) <= max(costs), (name, served, fair)
+
+    # Every claim is backed by exactly one Lease, held by the status' worker with its token.
+    for t in items:
+        lease = fleet.task_lease(t["metadata"]["name"])
+        assert lease is not None
+        assert lease.spec.holder_identity == t["status"]["worker"]
+        assert protocol.lease_token(lease.metadata.annotations) == t["status"]["fencingToken"]
+    status = fleet.worker("w4")["status"]
+    assert status["inFlight"] == sum(1 for t in items if t["status"]["worker"] == "w4")
+
+
+def test_paused_and_not_ready_workers_get_nothing(fleet: Fleet) -> None:
+    fleet.add_worker(worker("paused").capabilities("llm").max_in_flight(5).paused())
+    fleet.add_worker(worker("absent").capabilities("llm").max_in_flight(5))  # no agent: no Lease
+    fleet.add_worker(worker("ready").capabilities("llm").max_in_flight(5))
+    fleet.agent("paused", "hold")
+    fleet.agent("ready", "hold")
+    fleet.operator()
+    for i in range(3):
+        fleet.add_task(task(f"t{i}").requires("llm"))
+    items = fleet.wait_all(
+        lambda items: all((t.get("status") or {}).get("phase") == "Running" for t in items)
+    )
+    assert {t["status"]["worker"] for t in items} == {"ready"}
+    fleet.wait_all(lambda _: fleet.worker("paused").get("status", {}).get("phase") == "Draining")
+    assert fleet.worker("absent").get("status", {}).get("phase") == "NotReady"
