@@ -23,7 +23,6 @@ from kubernetes.client.rest import ApiException
 from agentq import GROUP, VERSION, protocol
 from builders import TaskBuilder, WorkerBuilder
 
-HERE = Path(__file__).parent
 AGENTQ = str(Path(sys.executable).with_name("agentq"))
 
 
@@ -248,7 +247,8 @@ class Fleet:
     def agent(self, worker: str, behaviour: str = "complete", **options: float) -> Process:
         args = [
             sys.executable,
-            str(HERE / "scripted_agent.py"),
+            "-m",
+            "agentq.scripted_agent",
             "--kubeconfig",
             self.kubeconfig,
             "--namespace",

@@ -42,3 +42,7 @@ class _LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="agentq")
 def main() -> None:
     """agentq: a fair-share task queue for fleets of AI agents on Kubernetes."""
+
+
+if __name__ == "__main__":
+    main()

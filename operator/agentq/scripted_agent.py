@@ -1,4 +1,5 @@
-"""A scripted agent: a real process that stands in for an agent pod's sidecar + agent.
+"""A scripted agent for demos and tests: a real process standing in for an agent pod
+(its sidecar and its agent) until one is deployed.
 
 It renews its worker Lease (``agentq-worker-<name>``), finds the task Leases the
 operator granted to it, and behaves as told for each attempt:
@@ -13,7 +14,7 @@ operator granted to it, and behaves as told for each attempt:
 Every write goes through ``agentq.holder`` (compare-and-swap on the Lease). The
 test kills it with SIGKILL or freezes it with SIGSTOP like a real pod.
 
-usage: scripted_agent.py --kubeconfig K --namespace NS --worker W --behaviour B
+usage: python -m agentq.scripted_agent --kubeconfig K --namespace NS --worker W --behaviour B
 """
 
 from __future__ import annotations
