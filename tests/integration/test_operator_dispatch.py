@@ -5,9 +5,11 @@ The operator runs as a process; scripted agents (real processes) hold the claims
 
 from __future__ import annotations
 
+import urllib.request
 from collections import Counter
 
 from agentq import protocol
+from agentq.controlplane.cluster import free_port
 from builders import task, worker
 from fleet import Fleet
 
@@ -17,7 +19,8 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     fleet.add_worker(worker("cpu-1").capabilities("cpu", "llm").max_in_flight(4))
     fleet.agent("gpu-1", "complete", work_seconds=0.3)
     fleet.agent("cpu-1", "complete", work_seconds=0.3)
-    fleet.operator()
+    metrics_port = free_port()
+    fleet.operator("--metrics-port", str(metrics_port))
     for i in range(4):
         fleet.add_task(task(f"render-{i}").requires("gpu"))
         fleet.add_task(task(f"summarise-{i}").requires("llm"))
@@ -57,6 +60,14 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     ready = fleet.worker("gpu-1")["status"]
     assert ready["phase"] == "Ready"
     assert ready["servedCost"] >= 4  # the four gpu-only tasks, at least
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as rsp:
+        scraped = rsp.read().decode()
+    assert f'agentq_dispatches_total{{namespace="{fleet.namespace}"}} 12.0' in scraped
+    assert 'agentq_completions_total{outcome="Succeeded"} 12.0' in scraped
+    assert 'agentq_pending_tasks{capabilities="quantum"} 1.0' in scraped
+    assert f'agentq_worker_ready{{namespace="{fleet.namespace}",worker="gpu-1"}} 1.0' in scraped
+    assert "agentq_leader 1.0" in scraped
 
 
 def test_weights_are_honoured_over_a_backlog(fleet: Fleet) -> None:

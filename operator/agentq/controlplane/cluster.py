@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -65,8 +66,29 @@ def default_state_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "agentq" / "cluster"
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Chosen below the kernel's ephemeral range: a port the kernel handed out for
+    bind(0) may be handed out again at once to any outgoing connection, and then
+    the server that was meant to listen on it fails with EADDRINUSE.
+    """
+    low = _ephemeral_low()
+    for _ in range(50):
+        port = random.randint(10000, max(10001, low - 1))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -165,7 +187,26 @@ class Cluster:
         if port is not None:
             ensure_port_free(port)
         paths = binaries.resolve(build=build, say=say)
+        for attempt in range(3):
+            try:
+                return self._up_once(paths, port, timeout, tie_to_parent, say)
+            except ClusterError as err:
+                # Another process took a port between our check and the server's bind.
+                if "address already in use" not in str(err) or port is not None or attempt == 2:
+                    raise
+                say("a port was taken while starting; retrying on other ports")
+                self._remove_state()
+        raise AssertionError("unreachable")
 
+    def _up_once(
+        self,
+        paths: dict[str, Path],
+        port: int | None,
+        timeout: float,
+        tie_to_parent: bool,
+        say: Callable[[str], None],
+    ) -> ClusterState:
+        """One start of the three processes on fresh ports; stops them all on failure."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         certs = pki.generate(self.state_dir / "pki")
