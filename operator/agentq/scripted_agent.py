@@ -32,7 +32,7 @@ from agentq.holder import LeaseLost, renew_task_lease, renew_worker_lease, write
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--kubeconfig", default=None, help="default: in-cluster, else ~/.kube")
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--worker", required=True)
     parser.add_argument(
@@ -45,7 +45,14 @@ def main() -> None:
     parser.add_argument("--worker-lease-seconds", type=int, default=4)
     args = parser.parse_args()
 
-    api = config.new_client_from_config(config_file=args.kubeconfig)
+    if args.kubeconfig:
+        api = config.new_client_from_config(config_file=args.kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        api = client.ApiClient()
     leases = client.CoordinationV1Api(api)
     identity = f"{args.worker}-agent"
     started: dict[tuple[str, int], float] = {}
