@@ -132,9 +132,16 @@ def test_two_replicas_one_leader_and_failover_within_a_lease(fleet: Fleet) -> No
     leader_proc.kill()
     killed = time.monotonic()
     fleet.add_task(task("after").requires("llm"))
-    fleet.wait_phase("after", "Succeeded", timeout=30)
+    while str(standby.pid) not in (
+        fleet.leases.read_namespaced_lease("agentq-operator", fleet.namespace).spec.holder_identity
+        or ""
+    ):
+        assert time.monotonic() - killed < 30, fleet.logs()
+        time.sleep(0.1)
     took = time.monotonic() - killed
-    assert took <= 4 + 2 + 3, took  # lease + retry period + the task's own work and writes
-    election = fleet.leases.read_namespaced_lease("agentq-operator", fleet.namespace)
-    assert str(standby.pid) in election.spec.holder_identity
+    print(f"standby took over {took:.2f}s after SIGKILL of the leader (lease 4 s, retry 2 s)")
+    # client-go's bound: one lease duration after the last renewal it saw, found at the
+    # next retry; +1 s for a loaded machine.
+    assert took <= 4 + 2 + 1, took
+    fleet.wait_phase("after", "Succeeded", timeout=30)
     assert fleet.task("after")["status"]["attempt"] == 1
