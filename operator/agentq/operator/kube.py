@@ -24,6 +24,16 @@ Body = dict[str, Any]
 MERGE = "application/merge-patch+json"
 
 
+async def _tolerating(statuses: tuple[int, ...], call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run a sync client call in a thread; None if it fails with one of ``statuses``."""
+    try:
+        return await asyncio.to_thread(call, *args, **kwargs)
+    except ApiException as err:
+        if err.status in statuses:
+            return None
+        raise
+
+
 def make_api_client(*, pool_size: int = 32) -> client.ApiClient:
     """An API client from the in-cluster service account, else the kubeconfig."""
     configuration = client.Configuration()
@@ -59,19 +69,18 @@ class Kube:
         body: Body = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-
-        def call() -> Body:
-            result: Body = self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, plural, name, body, _content_type=MERGE
-            )
-            return result
-
-        try:
-            return await asyncio.to_thread(call)
-        except ApiException as err:
-            if err.status in (404, 409):
-                return None
-            raise
+        result: Body | None = await _tolerating(
+            (404, 409),
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            body,
+            _content_type=MERGE,
+        )
+        return result
 
     # -- Leases ------------------------------------------------------------------------
 
@@ -80,87 +89,41 @@ class Kube:
 
         Returns None when a concurrent writer won the race (the caller re-reads later).
         """
-
-        def call() -> client.V1Lease | None:
-            try:
-                created: client.V1Lease = self.leases.create_namespaced_lease(namespace, lease)
-                return created
-            except ApiException as err:
-                if err.status != 409:
-                    raise
-            current = self.leases.read_namespaced_lease(lease.metadata.name, namespace)
-            lease.metadata.resource_version = current.metadata.resource_version
-            try:
-                replaced: client.V1Lease = self.leases.replace_namespaced_lease(
-                    lease.metadata.name, namespace, lease
-                )
-                return replaced
-            except ApiException as err:
-                if err.status == 409:
-                    return None
-                raise
-
-        return await asyncio.to_thread(call)
+        created = await self.create_lease(namespace, lease)
+        if created is not None:
+            return created
+        current = await self.read_lease(namespace, lease.metadata.name)
+        if current is None:
+            return None  # deleted in between: the next pass writes it again
+        lease.metadata.resource_version = current.metadata.resource_version
+        return await self.replace_lease(namespace, lease)
 
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> bool:
         """Delete a Lease if still at ``resource_version``; False if it changed or is gone."""
-
-        def call() -> bool:
-            try:
-                self.leases.delete_namespaced_lease(
-                    name,
-                    namespace,
-                    body=client.V1DeleteOptions(
-                        preconditions=client.V1Preconditions(resource_version=resource_version)
-                        if resource_version
-                        else None
-                    ),
-                )
-                return True
-            except ApiException as err:
-                if err.status in (404, 409):
-                    return False
-                raise
-
-        return await asyncio.to_thread(call)
+        preconditions = (
+            client.V1Preconditions(resource_version=resource_version) if resource_version else None
+        )
+        done = await _tolerating(
+            (404, 409),
+            self.leases.delete_namespaced_lease,
+            name,
+            namespace,
+            body=client.V1DeleteOptions(preconditions=preconditions),
+        )
+        return done is not None
 
     async def read_lease(self, namespace: str, name: str) -> client.V1Lease | None:
-        def call() -> client.V1Lease | None:
-            try:
-                lease: client.V1Lease = self.leases.read_namespaced_lease(name, namespace)
-                return lease
-            except ApiException as err:
-                if err.status == 404:
-                    return None
-                raise
-
-        return await asyncio.to_thread(call)
+        return await _tolerating((404,), self.leases.read_namespaced_lease, name, namespace)
 
     async def create_lease(self, namespace: str, lease: client.V1Lease) -> client.V1Lease | None:
-        def call() -> client.V1Lease | None:
-            try:
-                created: client.V1Lease = self.leases.create_namespaced_lease(namespace, lease)
-                return created
-            except ApiException as err:
-                if err.status == 409:
-                    return None
-                raise
-
-        return await asyncio.to_thread(call)
+        """None if a Lease of that name exists already."""
+        return await _tolerating((409,), self.leases.create_namespaced_lease, namespace, lease)
 
     async def replace_lease(self, namespace: str, lease: client.V1Lease) -> client.V1Lease | None:
-        def call() -> client.V1Lease | None:
-            try:
-                replaced: client.V1Lease = self.leases.replace_namespaced_lease(
-                    lease.metadata.name, namespace, lease
-                )
-                return replaced
-            except ApiException as err:
-                if err.status == 409:
-                    return None
-                raise
-
-        return await asyncio.to_thread(call)
+        """None if the Lease changed since it was read (409)."""
+        return await _tolerating(
+            (409,), self.leases.replace_namespaced_lease, lease.metadata.name, namespace, lease
+        )
 
     def lease_to_dict(self, lease: client.V1Lease) -> Body:
         result: Body = self.api.sanitize_for_serialization(lease)
