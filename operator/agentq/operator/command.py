@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import sys
 from typing import Any
@@ -11,6 +12,21 @@ from typing import Any
 import click
 
 from agentq.operator.config import OperatorConfig
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
 
 
 @click.command()
@@ -51,11 +67,9 @@ from agentq.operator.config import OperatorConfig
 )
 def operator(log_level: str, **flags: Any) -> None:
     """Run the agentq operator against the current kubeconfig (or in-cluster account)."""
-    logging.basicConfig(
-        level=log_level,
-        stream=sys.stderr,
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","msg":%(message)r}',
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=log_level, handlers=[handler])
     logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     values: dict[str, Any] = OperatorConfig.env_defaults()
     for name, value in flags.items():

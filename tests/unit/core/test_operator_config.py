@@ -37,3 +37,15 @@ def test_bad_flags_are_refused_with_the_flag_named() -> None:
     )
     assert done.returncode == 2
     assert "--max-reclaims" in done.stderr
+
+
+def test_logs_are_one_json_object_per_line() -> None:
+    import json
+    import logging
+
+    from agentq.operator.command import JsonFormatter
+
+    record = logging.LogRecord("agentq.x", logging.INFO, __file__, 1, 'said "%s"', ("hi",), None)
+    line = JsonFormatter().format(record)
+    assert json.loads(line)["msg"] == 'said "hi"'
+    assert json.loads(line)["level"] == "INFO"
