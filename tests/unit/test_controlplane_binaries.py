@@ -1,0 +1,63 @@
+"""The control plane's binaries: found where the user put them, else built, with clear errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agentq.controlplane import binaries
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("AGENTQ_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    return tmp_path
+
+
+def test_missing_go_is_named(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(empty_cache / "no-bin"))
+    with pytest.raises(
+        binaries.BinaryError, match=re.escape("needs Go >= 1.26 on PATH; 'go' was not found")
+    ):
+        binaries.resolve(build=True, say=lambda _: None)
+
+
+def test_no_build_names_what_is_missing(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(empty_cache / "no-bin"))
+    with pytest.raises(binaries.BinaryError, match="missing control-plane binaries etcd"):
+        binaries.resolve(build=False)
+
+
+def test_a_failed_build_shows_the_tail_of_its_log(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = empty_cache / "src"
+    source.mkdir()
+    (source / "build.sh").write_text(
+        "echo compiling k8s.io/kubernetes\necho 'link: out of memory' >&2\nexit 9\n"
+    )
+    monkeypatch.setenv("AGENTQ_CONTROLPLANE_SRC", str(source))
+    go = empty_cache / "bin" / "go"
+    go.parent.mkdir()
+    go.write_text("#!/bin/sh\nexit 0\n")
+    go.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{go.parent}:/usr/bin:/bin")
+    with pytest.raises(binaries.BinaryError) as err:
+        binaries.resolve(build=True, say=lambda _: None)
+    assert "building the control plane failed (exit 9)" in str(err.value)
+    assert "link: out of memory" in str(err.value)
+
+
+def test_kubebuilder_assets_win(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assets = empty_cache / "assets"
+    assets.mkdir()
+    for name in binaries.BINARIES:
+        exe = assets / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
+    found = binaries.resolve(build=False)
+    assert found == {name: assets / name for name in binaries.BINARIES}
