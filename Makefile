@@ -42,8 +42,8 @@ controlplane: venv
 	$(BIN)/agentq cluster build
 
 lint: venv
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
 
 typecheck: venv
 	$(BIN)/mypy
