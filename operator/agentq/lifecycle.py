@@ -26,7 +26,6 @@ from agentq.protocol import Report
 
 HISTORY_LIMIT = 20
 ACTIVE_PHASES = frozenset({"Assigned", "Running"})
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed", "DeadLettered"})
 
 
 @dataclass(frozen=True)

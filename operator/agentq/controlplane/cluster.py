@@ -23,7 +23,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,10 +52,6 @@ class ClusterState:
     binaries: dict[str, str]
     pids: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
-
-    def env(self) -> dict[str, str]:
-        """Environment variables that point clients (and kubectl) at this cluster."""
-        return {"KUBECONFIG": self.kubeconfig, "AGENTQ_KUBECTL": self.binaries["kubectl"]}
 
 
 def default_state_dir() -> Path:
@@ -416,14 +412,3 @@ def _wait_gone(pid: int, executable: str, seconds: float) -> bool:
             return True
         time.sleep(0.1)
     return False
-
-
-@contextlib.contextmanager
-def running_cluster(state_dir: Path, **up_kwargs: object) -> Iterator[ClusterState]:
-    """Bring a cluster up for the duration of a ``with`` block, and down after."""
-    cluster = Cluster(state_dir)
-    state = cluster.up(**up_kwargs)  # type: ignore[arg-type]
-    try:
-        yield state
-    finally:
-        cluster.down()
