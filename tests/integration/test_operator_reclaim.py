@@ -186,3 +186,28 @@ def test_grace_period_accepts_a_late_report_and_otherwise_redispatches(fleet: Fl
         "abandoned", lambda b: (b.get("status") or {}).get("worker") == "b", timeout=LEASE + 2 + 10
     )["status"]
     assert moved["reclaims"] == 1
+
+
+def test_a_not_ready_worker_keeps_its_tasks_until_their_leases_expire(fleet: Fleet) -> None:
+    fleet.add_worker(worker("a").capabilities("llm"))
+    fleet.add_worker(worker("b").capabilities("llm"))
+    agent_a = fleet.agent("a", "hold", worker_lease_seconds=3)
+    fleet.operator()
+    fleet.add_task(task("long").requires("llm").lease(12).backoff(initial=0))
+    fleet.wait_phase("long", "Running")
+    fleet.agent("b", "hold")
+    agent_a.kill()
+    killed = time.monotonic()
+    fleet.wait_all(
+        lambda _: fleet.worker("a").get("status", {}).get("phase") == "NotReady", timeout=10
+    )
+    # The worker is NotReady, but its claim's own lease has not run out: nothing moves.
+    assert time.monotonic() - killed < 10
+    held = status(fleet, "long")
+    assert held["worker"] == "a" and held["phase"] == "Running" and held["reclaims"] == 0
+    moved = fleet.wait_task(
+        "long", lambda b: (b.get("status") or {}).get("worker") == "b", timeout=20
+    )["status"]
+    elapsed = time.monotonic() - killed
+    assert 10 <= elapsed <= 12 + RECONCILE + 1, elapsed
+    assert moved["reclaims"] == 1
