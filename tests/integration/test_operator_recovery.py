@@ -145,3 +145,21 @@ def test_two_replicas_one_leader_and_failover_within_a_lease(fleet: Fleet) -> No
     assert took <= 4 + 2 + 1, took
     fleet.wait_phase("after", "Succeeded", timeout=30)
     assert fleet.task("after")["status"]["attempt"] == 1
+
+
+def test_a_restarted_operator_continues_each_workers_served_cost(fleet: Fleet) -> None:
+    fleet.add_worker(worker("a").capabilities("llm").max_in_flight(4))
+    fleet.agent("a", "complete", work_seconds=0.1)
+    first = fleet.operator()
+    for i in range(4):
+        fleet.add_task(task(f"t{i}").requires("llm").cost(2))
+
+    def served() -> float:
+        return float(fleet.worker("a").get("status", {}).get("servedCost", -1))
+
+    fleet.wait_all(lambda _: served() == 8, timeout=30)
+    first.kill()
+    fleet.operator()
+    fleet.add_task(task("t9").requires("llm").cost(1))
+    fleet.wait_phase("t9", "Succeeded", timeout=30)
+    fleet.wait_all(lambda _: served() == 9, timeout=30)

@@ -239,7 +239,9 @@ class Controller:
         for body in self.store.workers:
             namespace, name = key_of(body)
             spec = _spec(body)
-            self._scheduler(namespace).upsert_worker(
+            scheduler = self._scheduler(namespace)
+            joined = not scheduler.has_worker(name)
+            scheduler.upsert_worker(
                 WorkerSpec(
                     name=name,
                     capabilities=frozenset(spec.get("capabilities") or ()),
@@ -249,6 +251,11 @@ class Controller:
                     ready=self.worker_ready(namespace, name),
                 )
             )
+            if joined:
+                # A fresh core (restart, new leader) continues the cumulative count.
+                served = _status(body).get("servedCost")
+                if isinstance(served, int | float) and served >= 0:
+                    scheduler.carry_over_served(name, float(served))
             seen.setdefault(namespace, set()).add(name)
         for namespace, scheduler in self.schedulers.items():
             for name in scheduler.workers():
@@ -670,7 +677,7 @@ class Controller:
         for body in self.store.workers:
             namespace, name = key_of(body)
             scheduler = self.schedulers.get(namespace)
-            if scheduler is None or name not in scheduler.workers():
+            if scheduler is None or not scheduler.has_worker(name):
                 continue
             state = scheduler.worker_state(name)
             ready = self.worker_ready(namespace, name)

@@ -348,6 +348,24 @@ class Ledger(ABC):
             tasks=frozenset(worker.tasks),
         )
 
+    def carry_over_served(self, name: str, served_cost: float) -> None:
+        """Continue a worker's cumulative served cost from an earlier core's count.
+
+        A new operator leader (or a restarted one) builds a fresh core; the worker's
+        status still says what it served so far. Decisions never read served cost, so
+        this changes what is reported and nothing else.
+        """
+        worker = self._workers.get(name)
+        if worker is None:
+            raise UnknownWorkerError(name)
+        if not (math.isfinite(served_cost) and served_cost >= 0):
+            raise ValueError(f"served cost must be a finite number >= 0, got {served_cost!r}")
+        worker.served = max(worker.served, served_cost)
+
+    def has_worker(self, name: str) -> bool:
+        """Whether the core knows ``name`` (O(1), unlike :meth:`workers`)."""
+        return name in self._workers
+
     def workers(self) -> list[str]:
         """The names of the known workers, sorted."""
         return sorted(self._workers)
