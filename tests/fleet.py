@@ -172,6 +172,23 @@ class Fleet:
         events = sorted(self.events(name), key=lambda e: e.metadata.creation_timestamp)
         return [e.reason for e in events]
 
+    def wait_reasons(
+        self, name: str, expected: dict[str, int], *, timeout: float = 10
+    ) -> list[str]:
+        """Wait until the object's events include each reason at least ``count`` times.
+
+        Events are recorded right after the status write they describe, so a test
+        that saw the status may look a moment before the event exists.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            reasons = self.reasons(name)
+            if all(reasons.count(r) >= n for r, n in expected.items()):
+                return reasons
+            if time.monotonic() > deadline:
+                raise AssertionError(f"events of {name}: {reasons}, expected {expected}")
+            time.sleep(0.1)
+
     def annotate_task(self, name: str, key: str, value: str) -> None:
         self.custom.patch_namespaced_custom_object(
             GROUP,

@@ -46,7 +46,7 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     assert "worker" not in by_name["impossible"]
     # The claim's Lease is removed once the attempt is over.
     assert fleet.task_lease("render-0") is None
-    assert "Assigned" in fleet.reasons("render-0")
+    fleet.wait_reasons("render-0", {"Assigned": 1, "Succeeded": 1})
 
     table = fleet.kubectl("get", "agenttasks")
     header = table.splitlines()[0].split()
@@ -99,8 +99,8 @@ def test_weights_are_honoured_over_a_backlog(fleet: Fleet) -> None:
         assert lease is not None
         assert lease.spec.holder_identity == t["status"]["worker"]
         assert protocol.lease_token(lease.metadata.annotations) == t["status"]["fencingToken"]
-    status = fleet.worker("w4")["status"]
-    assert status["inFlight"] == sum(1 for t in items if t["status"]["worker"] == "w4")
+    on_w4 = sum(1 for t in items if t["status"]["worker"] == "w4")
+    fleet.wait_all(lambda _: fleet.worker("w4").get("status", {}).get("inFlight") == on_w4)
 
 
 def test_paused_and_not_ready_workers_get_nothing(fleet: Fleet) -> None:
@@ -117,4 +117,4 @@ def test_paused_and_not_ready_workers_get_nothing(fleet: Fleet) -> None:
     )
     assert {t["status"]["worker"] for t in items} == {"ready"}
     fleet.wait_all(lambda _: fleet.worker("paused").get("status", {}).get("phase") == "Draining")
-    assert fleet.worker("absent").get("status", {}).get("phase") == "NotReady"
+    fleet.wait_all(lambda _: fleet.worker("absent").get("status", {}).get("phase") == "NotReady")
