@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from agentq import GROUP, VERSION, protocol
+from agentq import GROUP, VERSION, protocol, scripted_agent
 from builders import TaskBuilder, WorkerBuilder
 
 AGENTQ = str(Path(sys.executable).with_name("agentq"))
@@ -262,21 +262,13 @@ class Fleet:
         return {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
 
     def agent(self, worker: str, behaviour: str = "complete", **options: float) -> Process:
-        args = [
-            sys.executable,
-            "-m",
-            "agentq.scripted_agent",
-            "--kubeconfig",
-            self.kubeconfig,
-            "--namespace",
-            self.namespace,
-            "--worker",
-            worker,
-            "--behaviour",
-            behaviour,
-        ]
-        for key, value in options.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+        args = scripted_agent.command(
+            kubeconfig=self.kubeconfig,
+            namespace=self.namespace,
+            worker=worker,
+            behaviour=behaviour,
+            **options,
+        )
         proc = Process(
             args, self.workdir / f"agent-{worker}-{len(self.processes)}.log", self._env()
         )

@@ -24,6 +24,7 @@ from typing import Any
 import click
 import yaml
 
+from agentq import scripted_agent
 from agentq.controlplane import Cluster, ClusterError
 
 NAMESPACE = "agentq-demo"
@@ -73,22 +74,14 @@ class Demo:
     def agent(
         self, worker: str, behaviour: str = "complete", work: float = 1.0
     ) -> subprocess.Popen[bytes]:
-        return self.spawn(
-            f"agent-{worker}",
-            sys.executable,
-            "-m",
-            "agentq.scripted_agent",
-            "--kubeconfig",
-            self.kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--worker",
-            worker,
-            "--behaviour",
-            behaviour,
-            "--work-seconds",
-            str(work),
+        argv = scripted_agent.command(
+            kubeconfig=self.kubeconfig,
+            namespace=NAMESPACE,
+            worker=worker,
+            behaviour=behaviour,
+            work_seconds=work,
         )
+        return self.spawn(f"agent-{worker}", *argv)
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         self.kubectl("apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump_all(objects))

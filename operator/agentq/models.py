@@ -32,7 +32,7 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
     AwareDatetime,
@@ -449,58 +449,50 @@ class ObjectMeta(_Model):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
-class AgentTask(_Model):
+class _Object(_Model):
+    """What both kinds share: metadata, and a name short enough to be a label value."""
+
+    _label: ClassVar[str]
+    metadata: ObjectMeta
+
+    @model_validator(mode="after")
+    def _name_fits_a_label(self) -> Self:
+        if len(self.metadata.name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                "metadata.name must be at most 63 characters: it is used as the value of "
+                f"the {self._label} label"
+            )
+        return self
+
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def namespace(self) -> str | None:
+        return self.metadata.namespace
+
+
+class AgentTask(_Object):
     """A whole AgentTask object."""
 
+    _label: ClassVar[str] = "agentq.dev/task"
     api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
     kind: Literal["AgentTask"] = "AgentTask"
     metadata: ObjectMeta
     spec: AgentTaskSpec = AgentTaskSpec()
     status: AgentTaskStatus = Field(default_factory=AgentTaskStatus)
 
-    @model_validator(mode="after")
-    def _name_fits_a_label(self) -> Self:
-        if len(self.metadata.name) > MAX_NAME_LENGTH:
-            raise ValueError(
-                "metadata.name must be at most 63 characters: it is used as the value of "
-                "the agentq.dev/task label"
-            )
-        return self
 
-    @property
-    def name(self) -> str:
-        return self.metadata.name
-
-    @property
-    def namespace(self) -> str | None:
-        return self.metadata.namespace
-
-
-class AgentWorker(_Model):
+class AgentWorker(_Object):
     """A whole AgentWorker object."""
 
+    _label: ClassVar[str] = "agentq.dev/worker"
     api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
     kind: Literal["AgentWorker"] = "AgentWorker"
     metadata: ObjectMeta
     spec: AgentWorkerSpec
     status: AgentWorkerStatus = Field(default_factory=AgentWorkerStatus)
-
-    @model_validator(mode="after")
-    def _name_fits_a_label(self) -> Self:
-        if len(self.metadata.name) > MAX_NAME_LENGTH:
-            raise ValueError(
-                "metadata.name must be at most 63 characters: it is used as the value of "
-                "the agentq.dev/worker label"
-            )
-        return self
-
-    @property
-    def name(self) -> str:
-        return self.metadata.name
-
-    @property
-    def namespace(self) -> str | None:
-        return self.metadata.namespace
 
     @property
     def lease_name(self) -> str:

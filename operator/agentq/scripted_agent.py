@@ -30,6 +30,28 @@ from agentq import protocol
 from agentq.holder import LeaseLost, renew_task_lease, renew_worker_lease, write_report
 
 
+def command(
+    *, kubeconfig: str, namespace: str, worker: str, behaviour: str, **options: float
+) -> list[str]:
+    """The argv that starts a scripted agent in a new process (options: ``work_seconds``...)."""
+    argv = [
+        sys.executable,
+        "-m",
+        "agentq.scripted_agent",
+        "--kubeconfig",
+        kubeconfig,
+        "--namespace",
+        namespace,
+        "--worker",
+        worker,
+        "--behaviour",
+        behaviour,
+    ]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kubeconfig", default=None, help="default: in-cluster, else ~/.kube")
