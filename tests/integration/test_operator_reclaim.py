@@ -50,7 +50,7 @@ def test_a_killed_agent_loses_its_task_to_another_worker_within_the_bound(fleet:
     assert second["fencingToken"] > first["fencingToken"]
     assert second["reclaims"] == 1 and second["attempt"] == 2
     assert second["history"][-1]["worker"] == "a"
-    reasons = fleet.wait_reasons("job", {"Reclaimed": 1, "Assigned": 2})
+    reasons = fleet.wait_reasons("job", {"LeaseExpired": 1, "Reclaimed": 1, "Assigned": 2})
     assert reasons.count("Assigned") == 2
 
 

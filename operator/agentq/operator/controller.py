@@ -20,6 +20,7 @@ scheduler with ``abort``) and the next pass decides again from fresh state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import random
@@ -398,7 +399,11 @@ class Controller:
                 return None
             del self._grace[key]
             message += f", nor reported within the {spec.get('gracePeriodSeconds')}s grace period"
-        return self._fail(status, spec, reason="LeaseExpired", message=message)
+        failed = self._fail(status, spec, reason="LeaseExpired", message=message)
+        # The expiry is an event of its own, before the Reclaimed / DeadLettered it causes.
+        return dataclasses.replace(
+            failed, extra_events=(("LeaseExpired", message), *failed.extra_events)
+        )
 
     def _fail(
         self,
