@@ -75,10 +75,17 @@ def test_weights_are_honoured_over_a_backlog(fleet: Fleet) -> None:
     for name, weight in weights.items():
         fleet.add_worker(worker(name).capabilities("llm").weight(weight).max_in_flight(100))
         fleet.agent(name, "hold")
-    costs = [1 + (i % 3) for i in range(70)]  # costs 1..3, total 140
+    fleet.operator()
+    # Every worker must be eligible from the first decision on: a worker whose agent
+    # is still starting would rightly get nothing at first, and the share with it.
+    fleet.wait_all(
+        lambda _: all(
+            fleet.worker(name).get("status", {}).get("phase") == "Ready" for name in weights
+        )
+    )
+    costs = [1 + (i % 3) for i in range(70)]  # costs 1..3, total 139
     for i, cost in enumerate(costs):
         fleet.add_task(task(f"job-{i:03d}").requires("llm").cost(cost))
-    fleet.operator()
 
     items = fleet.wait_all(
         lambda items: all((t.get("status") or {}).get("phase") == "Running" for t in items),
