@@ -21,40 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.clock import rfc3339
-from agentq.models import condition_reason
+from agentq.models import RetryBackoff, condition_reason
 from agentq.protocol import Report
 
 HISTORY_LIMIT = 20
 ACTIVE_PHASES = frozenset({"Assigned", "Running"})
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Retry backoff between attempts: initial * multiplier**(n-1), capped, minus jitter.
-
-    ``jitter`` is the fraction of the delay randomly taken off (1 is "full jitter"):
-    it spreads a burst of retries so they do not land on the workers together.
-    Defaults match the CRD's.
-    """
-
-    initial_seconds: float = 1.0
-    max_seconds: float = 300.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    @classmethod
-    def from_spec(cls, spec: dict[str, Any] | None) -> Backoff:
-        spec = spec or {}
-        return cls(
-            initial_seconds=float(spec.get("initialSeconds", cls.initial_seconds)),
-            max_seconds=float(spec.get("maxSeconds", cls.max_seconds)),
-            multiplier=float(spec.get("multiplier", cls.multiplier)),
-            jitter=float(spec.get("jitter", cls.jitter)),
-        )
-
-    def delay(self, failures: int, rng: random.Random) -> float:
-        base = min(self.max_seconds, self.initial_seconds * self.multiplier ** max(0, failures - 1))
-        return max(0.0, base * (1 - self.jitter * rng.random()))
 
 
 @dataclass(frozen=True)
@@ -179,7 +150,7 @@ def fail_attempt(
     reason: str,
     message: str,
     max_reclaims: int,
-    backoff: Backoff,
+    backoff: RetryBackoff,
     now: datetime.datetime,
     rng: random.Random,
     error: dict[str, Any] | None = None,
@@ -226,7 +197,7 @@ def fail_attempt(
             warning=True,
             extra_events=(("Reclaimed", f"{reason}: {message}"),),
         )
-    delay = backoff.delay(reclaims, rng)
+    delay = backoff.delay_seconds(reclaims, rand=rng.random())
     return Transition(
         patch={
             **common,

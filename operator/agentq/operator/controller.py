@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
+from pydantic import ValidationError
 
 from agentq import lifecycle, protocol
 from agentq.clock import Clock, micro_rfc3339, parse_time, rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
+from agentq.models import RetryBackoff
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.kube import Kube
@@ -60,6 +62,15 @@ def _status(body: Body) -> dict[str, Any]:
 def _rv(body: Body) -> str | None:
     rv = (body.get("metadata") or {}).get("resourceVersion")
     return str(rv) if rv is not None else None
+
+
+def _backoff(spec: dict[str, Any]) -> RetryBackoff:
+    """The task's retry backoff; the defaults if the API server let through a bad one."""
+    try:
+        return RetryBackoff.model_validate(spec.get("retryBackoff") or {})
+    except ValidationError:
+        log.warning("unreadable retryBackoff %r; using the defaults", spec.get("retryBackoff"))
+        return RetryBackoff()
 
 
 def merge_transitions(transitions: list[lifecycle.Transition]) -> lifecycle.Transition | None:
@@ -420,7 +431,7 @@ class Controller:
             reason=reason,
             message=message,
             max_reclaims=int(self.config.max_reclaims if max_reclaims is None else max_reclaims),
-            backoff=lifecycle.Backoff.from_spec(spec.get("retryBackoff")),
+            backoff=_backoff(spec),
             now=self.clock.now(),
             rng=self.rng,
             error=error,

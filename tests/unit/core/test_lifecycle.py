@@ -9,6 +9,7 @@ import pytest
 
 from agentq import lifecycle
 from agentq.clock import FakeClock
+from agentq.models import RetryBackoff
 from agentq.protocol import ErrorInfo, Report
 
 NOW = FakeClock().now()
@@ -25,7 +26,7 @@ def fail(status: dict[str, Any], max_reclaims: int = 2) -> lifecycle.Transition:
         reason="LeaseExpired",
         message="gone",
         max_reclaims=max_reclaims,
-        backoff=lifecycle.Backoff(),
+        backoff=RetryBackoff(),
         now=NOW,
         rng=random.Random(1),
     )
@@ -74,13 +75,13 @@ def test_history_is_bounded() -> None:
 
 
 def test_a_failed_attempt_waits_a_jittered_exponential_backoff() -> None:
-    backoff = lifecycle.Backoff(initial_seconds=1, max_seconds=10, multiplier=2, jitter=0.1)
+    backoff = RetryBackoff(initial_seconds=1, max_seconds=10, multiplier=2, jitter=0.1)
     rng = random.Random(7)
-    delays = [backoff.delay(n, rng) for n in range(1, 7)]
+    delays = [backoff.delay_seconds(n, rand=rng.random()) for n in range(1, 7)]
     for n, delay in enumerate(delays, start=1):
         base = min(10, 2 ** (n - 1))
         assert base * 0.9 <= delay <= base
-    assert lifecycle.Backoff(jitter=0).delay(1, rng) == 1.0
+    assert RetryBackoff(jitter=0).delay_seconds(1, rand=rng.random()) == 1.0
 
 
 def test_success_records_result_and_history() -> None:
