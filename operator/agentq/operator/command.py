@@ -13,6 +13,9 @@ import click
 
 from agentq.operator.config import OperatorConfig
 
+# The one place defaults live; the help text shows them rather than restating them.
+_DEFAULTS = OperatorConfig()
+
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message (and the traceback)."""
@@ -30,16 +33,20 @@ class JsonFormatter(logging.Formatter):
 
 
 @click.command()
-@click.option("--max-reclaims", type=click.IntRange(min=0), help="MAX_RECLAIMS [default: 3]")
+@click.option(
+    "--max-reclaims",
+    type=click.IntRange(min=0),
+    help=f"MAX_RECLAIMS [default: {_DEFAULTS.max_reclaims}]",
+)
 @click.option(
     "--default-lease-seconds",
     type=click.IntRange(min=1),
-    help="DEFAULT_LEASE_SECONDS [default: 30]",
+    help=f"DEFAULT_LEASE_SECONDS [default: {_DEFAULTS.default_lease_seconds}]",
 )
 @click.option(
     "--reconcile-interval",
     type=click.FloatRange(min=0.1),
-    help="RECONCILE_INTERVAL seconds [default: 2]",
+    help=f"RECONCILE_INTERVAL seconds [default: {_DEFAULTS.reconcile_interval}]",
 )
 @click.option(
     "--namespace",
@@ -48,16 +55,20 @@ class JsonFormatter(logging.Formatter):
     help="Namespace to watch (repeatable); NAMESPACES; default: all",
 )
 @click.option(
-    "--metrics-port", type=click.IntRange(min=0), help="METRICS_PORT [default: 8080]; 0 disables"
+    "--metrics-port",
+    type=click.IntRange(min=0),
+    help=f"METRICS_PORT [default: {_DEFAULTS.metrics_port}]; 0 disables",
 )
 @click.option(
     "--leader-election/--no-leader-election", default=None, help="LEADER_ELECTION [default: on]"
 )
-@click.option("--leader-namespace", help="LEADER_NAMESPACE [default: default]")
+@click.option(
+    "--leader-namespace", help=f"LEADER_NAMESPACE [default: {_DEFAULTS.leader_namespace}]"
+)
 @click.option(
     "--leader-lease-seconds",
     type=click.FloatRange(min=1),
-    help="LEADER_LEASE_SECONDS [default: 15]",
+    help=f"LEADER_LEASE_SECONDS [default: {_DEFAULTS.leader_lease_seconds}]",
 )
 @click.option(
     "--log-level",
