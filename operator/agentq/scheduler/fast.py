@@ -75,6 +75,21 @@ class _Group:
         for heap in (self.open, self.watch, self.capped):
             heapq.heapify(heap)
 
+    def _top(
+        self, heap: list[tuple[float, str, int]], *, capped: bool
+    ) -> list[tuple[float, str, int]]:
+        """Pop stale entries (a left worker, an older version, the other heap's
+        worker) until the top is current; returns ``heap``."""
+        members = self.members
+        while heap:
+            _, name, version = heap[0]
+            worker = members.get(name)
+            if worker is None or worker.version != version or worker.capped != capped:
+                heapq.heappop(heap)
+            else:
+                break
+        return heap
+
     def best(self, threshold: float) -> tuple[tuple[float, str] | None, float]:
         """The least ``(key, name)`` among this group's available workers, and
         their least ``max(tag, threshold)``."""
@@ -91,22 +106,8 @@ class _Group:
                 heapq.heappush(self.capped, (worker.load / worker.spec.weight, name, version))
             else:
                 break
-        opened = self.open
-        while opened:
-            _, name, version = opened[0]
-            worker = members.get(name)
-            if worker is None or worker.version != version or worker.capped:
-                heapq.heappop(opened)
-            else:
-                break
-        capped = self.capped
-        while capped:
-            _, name, version = capped[0]
-            worker = members.get(name)
-            if worker is None or worker.version != version or not worker.capped:
-                heapq.heappop(capped)
-            else:
-                break
+        opened = self._top(self.open, capped=False)
+        capped = self._top(self.capped, capped=True)
         best: tuple[float, str] | None = None
         floor = math.inf
         if opened:
