@@ -321,16 +321,17 @@ class Cluster:
         certs: pki.Pki,
         deadline: float,
     ) -> None:
+        # One TLS context (CA + admin client certificate) for every poll of this wait.
+        tls = ssl.create_default_context(cafile=str(certs.ca_cert))
+        tls.load_cert_chain(str(certs.admin_cert), str(certs.admin_key))
         checks: dict[str, Callable[[], bool]] = {
             "etcd": lambda: self._get(f"{state.etcd_url}/health", None).find(b'"true"') >= 0,
             "kube-apiserver": lambda: (
-                self._get(f"{state.server}/readyz", certs) == b"ok"
-                and bool(self._get(f"{state.server}/api/v1/namespaces/default", certs))
+                self._get(f"{state.server}/readyz", tls) == b"ok"
+                and bool(self._get(f"{state.server}/api/v1/namespaces/default", tls))
             ),
             "kube-controller-manager": lambda: bool(
-                self._get(
-                    f"{state.server}/api/v1/namespaces/default/serviceaccounts/default", certs
-                )
+                self._get(f"{state.server}/api/v1/namespaces/default/serviceaccounts/default", tls)
             ),
         }
         check = checks[name]
@@ -350,12 +351,8 @@ class Cluster:
             time.sleep(0.2)
 
     @staticmethod
-    def _get(url: str, certs: pki.Pki | None) -> bytes:
+    def _get(url: str, context: ssl.SSLContext | None) -> bytes:
         """GET ``url``; the body on 200, b'' on any error (the caller polls)."""
-        context = None
-        if certs is not None:
-            context = ssl.create_default_context(cafile=str(certs.ca_cert))
-            context.load_cert_chain(str(certs.admin_cert), str(certs.admin_key))
         try:
             with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 body: bytes = response.read()
