@@ -215,6 +215,7 @@ _GP_REQUIRED = "gracePeriodSeconds is required when onLeaseExpiry is GracePeriod
 _GP_FORBIDDEN = "gracePeriodSeconds may only be set when onLeaseExpiry is GracePeriod"
 _BACKOFF = "retryBackoff.maxSeconds must be at least retryBackoff.initialSeconds"
 _NAME = "metadata.name must be at most 63 characters"
+_WEIGHT = "weight must be at least 0.001"
 _LONG_NAME = "x" * 64
 
 INVALID_TASKS: tuple[Invalid, ...] = (
@@ -302,6 +303,12 @@ INVALID_TASKS: tuple[Invalid, ...] = (
     ),
     Invalid("payload-not-an-object", task("t").payload(["a"]), "spec.payload", "object"),
     Invalid(
+        "payload-too-many-keys",
+        task("t").payload({f"k{i}": i for i in range(129)}),
+        "spec.payload",
+        "128",
+    ),
+    Invalid(
         "unknown-spec-field",
         task("t").set("spec.priority", 5),
         "spec.priority",
@@ -331,8 +338,10 @@ INVALID_WORKERS: tuple[Invalid, ...] = (
     Invalid(
         "weight-wrong-type", worker("w", "gpu").set("spec.weight", "heavy"), "spec.weight", "number"
     ),
-    Invalid("weight-zero", worker("w", "gpu").weight(0), "spec.weight"),
+    Invalid("weight-zero", worker("w", "gpu").weight(0), "spec.weight", _WEIGHT),
     Invalid("weight-negative", worker("w", "gpu").weight(-2), "spec.weight"),
+    Invalid("weight-denormal", worker("w", "gpu").weight(5e-324), "spec.weight"),
+    Invalid("weight-below-minimum", worker("w", "gpu").weight(0.0009), "spec.weight", _WEIGHT),
     Invalid("max-in-flight-zero", worker("w", "gpu").max_in_flight(0), "spec.maxInFlight"),
     Invalid(
         "paused-wrong-type",

@@ -43,6 +43,7 @@ from pydantic import (
     PlainSerializer,
     StringConstraints,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel, to_snake
@@ -56,6 +57,8 @@ __all__ = [
     "MAX_CAPABILITIES",
     "MAX_HISTORY",
     "MAX_NAME_LENGTH",
+    "MAX_PAYLOAD_KEYS",
+    "MIN_WEIGHT",
     "TASK_PLURAL",
     "WORKER_PLURAL",
     "AgentTask",
@@ -96,6 +99,12 @@ MAX_CAPABILITIES = 16
 MAX_NAME_LENGTH = 63
 MAX_HISTORY = 20
 DEFAULT_LEASE_DURATION_SECONDS = 30
+# The least worker weight: the scheduler divides by it, and a denormal weight would
+# make a normalized load infinite.
+MIN_WEIGHT = 0.001
+# Top-level keys of a task's payload (the CRD's maxProperties; deeper limits cannot
+# be expressed in a CRD schema and are the operator's, see agentq.protocol).
+MAX_PAYLOAD_KEYS = 128
 
 # metav1.Condition's own validation, as in every generated CRD.
 _CONDITION_TYPE_PATTERN = (
@@ -237,7 +246,8 @@ class AgentWorkerSpec(_Model):
     """``AgentWorker.spec``: what the worker can do and how much of the queue it takes."""
 
     capabilities: CapabilitySet = Field(min_length=1, max_length=MAX_CAPABILITIES)
-    weight: float = Field(default=1.0, gt=0, le=1000)
+    # `minimum` for the schema; the check is the validator below (the CRD rule's message).
+    weight: float = Field(default=1.0, le=1000, json_schema_extra={"minimum": MIN_WEIGHT})
     max_in_flight: int = Field(default=1, ge=1, le=1000)
     paused: bool = False
 
@@ -246,6 +256,14 @@ class AgentWorkerSpec(_Model):
     def _no_duplicate_capabilities(cls, data: Any) -> Any:
         _refuse_duplicates(data, "capabilities")
         return data
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_at_least_minimum(cls, weight: float) -> float:
+        # The CRD's CEL rule, same message (its `minimum` alone lets an integer 0 through).
+        if not weight >= MIN_WEIGHT:
+            raise ValueError("weight must be at least 0.001")
+        return weight
 
     def covers(self, required: frozenset[str]) -> bool:
         """Whether this worker offers every capability in ``required``."""
@@ -337,7 +355,7 @@ class AgentTaskSpec(_Model):
 
     required_capabilities: CapabilitySet = Field(default=frozenset(), max_length=MAX_CAPABILITIES)
     cost: float = Field(default=1.0, gt=0, le=1_000_000)
-    payload: dict[str, JsonValue] | None = None
+    payload: dict[str, JsonValue] | None = Field(default=None, max_length=MAX_PAYLOAD_KEYS)
     lease_duration_seconds: int = Field(default=DEFAULT_LEASE_DURATION_SECONDS, ge=3, le=86400)
     heartbeat_interval_seconds: int | None = Field(default=None, ge=1, le=86399)
     progress_deadline_seconds: int | None = Field(default=None, ge=1, le=604800)
