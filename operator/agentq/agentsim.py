@@ -167,7 +167,13 @@ class AgentSim:
             lease.progress("started")
             self._with_sink(lambda sink: sink.fence(a.task, a.token), a, "sink-fenced")
             time.sleep(self.work_seconds)  # the work: one blocking call that checks nothing
-            output = {"task": a.task, "token": a.token, "attempt": a.attempt, "by": a.worker}
+            output = {
+                "task": a.task,
+                "token": a.token,
+                "attempt": a.attempt,
+                "by": a.worker,
+                "payload": a.payload,
+            }
             ref = self._with_sink(
                 lambda sink: sink.write(a.task, a.token, output), a, "sink-written"
             )

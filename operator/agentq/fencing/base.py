@@ -95,6 +95,10 @@ class FencedStore(abc.ABC):
     def read(self, key: str) -> Record | None:
         """The record under ``key``, or None."""
 
+    @abc.abstractmethod
+    def records(self) -> list[Record]:
+        """Every record, by key (for inspection and tests; not for large stores)."""
+
     def ref(self, key: str) -> str:
         """A reference to ``key`` in this store, for a report's ``resultRef``."""
         return key
