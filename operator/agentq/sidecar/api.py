@@ -238,6 +238,7 @@ class AgentApi:
                 "workerLease": self.keeper.describe(),
                 "workerLeaseHeld": self.keeper.held(now),
                 "watchSynced": self.watcher.synced,
+                "watchListings": self.watcher.relists,
                 "stopping": self.stopping,
                 "assignments": len(self.attempts.listing()),
                 "version": self.attempts.version,
