@@ -243,6 +243,7 @@ class AgentApi:
                 "assignments": len(self.attempts.listing()),
                 "version": self.attempts.version,
                 "renewals": self.renewer.renewals,
+                "workerLeaseRenewals": self.keeper.renewals,
                 "renewalRequests": self.renewer.renewal_requests,
                 "apiRequests": {
                     f"{verb} {resource}": n

@@ -99,9 +99,8 @@ class Renewer:
                 if attempt.state != "active" or not self.keeper.held(self.clock.monotonic()):
                     return
                 progress = attempt.progress
-                before = self.renewal_requests
                 try:
-                    lease, sent = await self._write(
+                    lease, sent, requests = await self._write(
                         attempt, lambda body: self._renewal(body, progress), counted=True
                     )
                 except _Lost as lost:
@@ -120,7 +119,7 @@ class Renewer:
                     self.attempts.renewed(attempt, lease, sent)
                 self.renewals += 1
                 metrics.RENEWALS.labels("ok").inc()
-                metrics.RENEWAL_REQUESTS.observe(self.renewal_requests - before)
+                metrics.RENEWAL_REQUESTS.observe(requests)
                 metrics.RENEWAL_LATENCY.observe(max(0.0, self.clock.monotonic() - due))
         finally:
             attempt.writes -= 1
@@ -162,7 +161,7 @@ class Renewer:
                     }
 
                 try:
-                    lease, sent = await self._write(attempt, change, counted=False)
+                    lease, sent, _ = await self._write(attempt, change, counted=False)
                 except _Lost as lost:
                     self._lost(attempt, str(lost))
                     raise lease_lost(attempt.task, attempt.token, str(lost)) from None
@@ -193,16 +192,17 @@ class Renewer:
 
     async def _write(
         self, attempt: Attempt, change: Callable[[Body], None], *, counted: bool
-    ) -> tuple[Body, float]:
+    ) -> tuple[Body, float, int]:
         """Replace the attempt's Lease with ``change`` applied: one request, a re-read
-        only on 409. Returns the written Lease and when the write was sent."""
+        only on 409. Returns the written Lease, when the write was sent, and how many
+        requests it took."""
         path = lease_path(attempt.namespace, attempt.lease_name)
         body = copy.deepcopy(attempt.lease)
         change(body)
         sent = self.clock.monotonic()
         try:
             written = await self._request("PUT", path, body, counted)
-            return written, sent
+            return written, sent, 1
         except ApiError as err:
             if err.status == 404:
                 raise _Lost("its Lease no longer exists (the attempt ended)") from None
@@ -229,7 +229,7 @@ class Renewer:
             if err.status == 404:
                 raise _Lost("its Lease no longer exists (the attempt ended)") from None
             raise
-        return written, sent
+        return written, sent, 3
 
     async def _request(self, method: str, path: str, body: Body | None, counted: bool) -> Body:
         if counted:
