@@ -93,12 +93,11 @@ class KubeApi:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
-        # get_api_key_with_prefix runs the refresh hook (in-cluster token rotation).
-        token = self._cfg.get_api_key_with_prefix("authorization")
-        if token:
-            headers["Authorization"] = token
-        elif self._cfg.username and self._cfg.password:
-            headers["Authorization"] = self._cfg.get_basic_auth_token()
+        # auth_settings() runs the refresh hook (in-cluster token rotation, expiring
+        # exec/OIDC tokens) and gives the header to send (bearer token, "Bearer ..").
+        for setting in self._cfg.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[str(setting["key"])] = str(setting["value"])
         return headers
 
     async def session(self) -> aiohttp.ClientSession:
