@@ -325,13 +325,15 @@ class Fleet:
         *,
         sink: str | None = None,
         identity: str | None = None,
+        kubeconfig: str | None = None,
         **options: Any,
     ) -> AgentPair:
         """Start an agent for ``worker``: a sidecar and an agent-sim behaving as told.
 
         Options named in ``SIDECAR_OPTIONS`` go to the sidecar (default
         ``worker_lease_seconds=4``), the others to agent-sim (``work_seconds``,
-        ``beat_seconds``). The sidecar's identity (its "pod name") defaults to
+        ``beat_seconds``). ``kubeconfig`` gives the sidecar other credentials than the
+        fleet's (admin) ones. The sidecar's identity (its "pod name") defaults to
         ``<worker>-pod``, so a pair started again for the same worker is the same
         pod restarted.
         """
@@ -345,7 +347,7 @@ class Fleet:
             namespace=self.namespace,
             port=port,
             behaviour=behaviour,
-            kubeconfig=self.kubeconfig,
+            kubeconfig=kubeconfig or self.kubeconfig,
             identity=identity or f"{worker}-pod",
             sink=sink,
             sidecar_flags=sidecar_flags,

@@ -303,3 +303,74 @@ def test_bad_flags_are_refused_before_anything_starts(fleet: Fleet) -> None:
         )
         assert done.returncode == 2, (flags, done.stdout, done.stderr)
         assert expected in done.stderr, (flags, done.stderr)
+
+
+SIDECAR_ROLE = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: agentq-sidecar}
+rules:
+  - apiGroups: [coordination.k8s.io]
+    resources: [leases]
+    verbs: [get, list, watch, create, update]
+  - apiGroups: [agentq.dev]
+    resources: [agenttasks]
+    verbs: [get]
+  - apiGroups: [agentq.dev]
+    resources: [agentworkers]
+    verbs: [get, create, patch]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: agent}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: agentq-sidecar}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: agentq-sidecar}
+subjects: [{kind: ServiceAccount, name: agent}]
+"""
+
+
+def test_the_sidecar_works_with_a_service_account_token_and_the_documented_rbac(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    import subprocess
+
+    import yaml
+
+    subprocess.run(
+        [fleet.kubectl_path, "-n", fleet.namespace, "apply", "-f", "-"],
+        input=SIDECAR_ROLE,
+        text=True,
+        check=True,
+        capture_output=True,
+        env={"KUBECONFIG": fleet.kubeconfig, "PATH": "/usr/bin:/bin"},
+    )
+    token = fleet.kubectl("create", "token", "agent", "--duration=1h").strip()
+    admin = yaml.safe_load(Path(fleet.kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    kubeconfig = tmp_path / "agent-kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": "agent", "user": {"token": token}}],
+                "contexts": [
+                    {"name": "agent", "context": {"cluster": cluster["name"], "user": "agent"}}
+                ],
+                "current-context": "agent",
+            }
+        )
+    )
+    pair = fleet.agent(
+        "sa", "complete", kubeconfig=str(kubeconfig), capabilities="llm", work_seconds=0.1
+    )
+    fleet.operator()
+    fleet.wait_all(lambda _: _worker_spec(fleet, "sa") is not None, timeout=30)
+    fleet.add_task(task("job").requires("llm"))
+    done = fleet.wait_phase("job", "Succeeded", timeout=40)["status"]
+    assert done["worker"] == "sa" and done["result"] == {"by": "sa"}
+    assert "403" not in pair.sidecar.text() and "401" not in pair.sidecar.text()
