@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         bench.close()
         cluster.down()
+    shutil.rmtree(workdir, ignore_errors=True)  # kept only when the run failed (its logs)
     command = " ".join([".venv/bin/python", "bench/sidecar_bench.py", *(argv or sys.argv[1:])])
     section = render(results, args, command, time.monotonic() - started)
     write_section(args.output, section)

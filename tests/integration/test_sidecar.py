@@ -8,6 +8,7 @@ becomes visible, even when two attempts ran (a frozen agent, a frozen sidecar).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -299,7 +300,7 @@ def test_bad_flags_are_refused_before_anything_starts(fleet: Fleet) -> None:
             capture_output=True,
             text=True,
             timeout=60,
-            env={"KUBECONFIG": fleet.kubeconfig, "PATH": "/usr/bin:/bin"},
+            env={**os.environ, "KUBECONFIG": fleet.kubeconfig},
             check=False,
         )
         assert done.returncode == 2, (flags, done.stdout, done.stderr)
@@ -346,7 +347,7 @@ def test_the_sidecar_works_with_a_service_account_token_and_the_documented_rbac(
         text=True,
         check=True,
         capture_output=True,
-        env={"KUBECONFIG": fleet.kubeconfig, "PATH": "/usr/bin:/bin"},
+        env={**os.environ, "KUBECONFIG": fleet.kubeconfig},
     )
     token = fleet.kubectl("create", "token", "agent", "--duration=1h").strip()
     admin = yaml.safe_load(Path(fleet.kubeconfig).read_text())
