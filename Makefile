@@ -23,9 +23,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# libfaketime lets a test step the operator's wall clock for real. Installed from
-# Debian's packages when missing and we may (root with apt-get); the one test that
-# needs it is skipped, and says so, elsewhere.
+# libfaketime lets a test step the operator's wall clock for real; PostgreSQL's server
+# backs the fenced-sink tests. Installed from Debian's packages when missing and we may
+# (root with apt-get); elsewhere their tests are skipped and say so.
 system-deps:
 	@if ! command -v faketime >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -34,6 +34,15 @@ system-deps:
 	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq faketime >/dev/null 2>&1)) || \
 	    echo "warning: could not install faketime; its test will be skipped"; \
 	  else echo "note: faketime not installed; the wall-clock test will be skipped"; fi; \
+	fi
+	@# PostgreSQL's server: the fenced-sink tests start a real one as their own process.
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing postgresql (Debian package)"; \
+	    (apt-get install -y -qq postgresql >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq postgresql >/dev/null 2>&1)) || \
+	    echo "warning: could not install postgresql; the PostgreSQL fencing tests will fail"; \
+	  else echo "note: postgresql not installed; the PostgreSQL fencing tests will be skipped"; fi; \
 	fi
 
 # Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the Go

@@ -1,5 +1,6 @@
-"""A fleet on the real control plane: AgentWorkers, AgentTasks, scripted agents and
-operator processes, created and read back through the API server.
+"""A fleet on the real control plane: AgentWorkers, AgentTasks, agents (each a
+sidecar + agent-sim pair of processes, like the two containers of an agent pod)
+and operator processes, created and read back through the API server.
 
 Every process started here is a real process, stopped by its pid at teardown.
 """
@@ -7,6 +8,7 @@ Every process started here is a real process, stopped by its pid at teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +22,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from agentq import GROUP, VERSION, protocol, scripted_agent
+from agentq import GROUP, VERSION, agentsim, protocol
+from agentq.controlplane.cluster import free_port
 from builders import TaskBuilder, WorkerBuilder
 
 AGENTQ = str(Path(sys.executable).with_name("agentq"))
@@ -101,6 +104,59 @@ class Process:
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON lines of its output (agent-sim's events, the sidecar's start line)."""
+        out = []
+        for line in self.text().splitlines():
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    out.append(json.loads(line))
+        return out
+
+
+# Options of Fleet.agent that belong to the sidecar; the rest go to agent-sim.
+SIDECAR_OPTIONS = {"worker_lease_seconds", "shutdown_seconds", "capabilities", "weight"}
+SIDECAR_OPTIONS |= {"max_in_flight", "log_level"}
+
+
+@dataclass
+class AgentPair:
+    """One agent pod as two processes: ``sidecar`` (agentq sidecar) and ``agent``
+    (agentq agent-sim), talking over ``url``. Signals go to both, as to a whole pod;
+    use ``.sidecar`` or ``.agent`` to hit one."""
+
+    worker: str
+    url: str
+    sidecar: Process
+    agent: Process
+
+    @property
+    def pid(self) -> int:
+        return self.agent.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        self.agent.signal(sig)
+        self.sidecar.signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL both, as a node failure or an OOM kill of the pod would."""
+        self.agent.kill()
+        self.sidecar.kill()
+
+    def stop(self) -> None:
+        self.agent.stop()
+        self.sidecar.stop()
+
+    def wait_serving(self, timeout: float = 30) -> None:
+        """Until the sidecar printed its serving line."""
+        deadline = time.monotonic() + timeout
+        while not any(e.get("event") == "serving" for e in self.sidecar.events()):
+            if self.sidecar.popen.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"sidecar of {self.worker} not serving:\n{self.sidecar.text()}"
+                )
+            time.sleep(0.05)
+
 
 class Fleet:
     """One namespace's AgentWorkers, AgentTasks, agents and operators."""
@@ -115,6 +171,7 @@ class Fleet:
         self.leases = client.CoordinationV1Api(self.api)
         self.core = client.CoreV1Api(self.api)
         self.processes: list[Process] = []
+        self.pairs: list[AgentPair] = []
 
     # -- objects -------------------------------------------------------------------------
 
@@ -261,19 +318,51 @@ class Fleet:
     def _env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
 
-    def agent(self, worker: str, behaviour: str = "complete", **options: float) -> Process:
-        args = scripted_agent.command(
-            kubeconfig=self.kubeconfig,
-            namespace=self.namespace,
+    def agent(
+        self,
+        worker: str,
+        behaviour: str = "complete",
+        *,
+        sink: str | None = None,
+        identity: str | None = None,
+        kubeconfig: str | None = None,
+        **options: Any,
+    ) -> AgentPair:
+        """Start an agent for ``worker``: a sidecar and an agent-sim behaving as told.
+
+        Options named in ``SIDECAR_OPTIONS`` go to the sidecar (default
+        ``worker_lease_seconds=4``), the others to agent-sim (``work_seconds``,
+        ``beat_seconds``). ``kubeconfig`` gives the sidecar other credentials than the
+        fleet's (admin) ones. The sidecar's identity (its "pod name") defaults to
+        ``<worker>-pod``, so a pair started again for the same worker is the same
+        pod restarted.
+        """
+        sidecar_flags = {"worker_lease_seconds": 4}
+        agent_flags = {}
+        for key, value in options.items():
+            (sidecar_flags if key in SIDECAR_OPTIONS else agent_flags)[key] = value
+        port = free_port()
+        sidecar_argv, agent_argv = agentsim.pair_commands(
             worker=worker,
+            namespace=self.namespace,
+            port=port,
             behaviour=behaviour,
-            **options,
+            kubeconfig=kubeconfig or self.kubeconfig,
+            identity=identity or f"{worker}-pod",
+            sink=sink,
+            sidecar_flags=sidecar_flags,
+            agent_flags=agent_flags,
         )
-        proc = Process(
-            args, self.workdir / f"agent-{worker}-{len(self.processes)}.log", self._env()
+        n = len(self.processes)
+        sidecar = Process(sidecar_argv, self.workdir / f"sidecar-{worker}-{n}.log", self._env())
+        self.processes.append(sidecar)
+        agent = Process(agent_argv, self.workdir / f"agent-{worker}-{n}.log", self._env())
+        self.processes.append(agent)
+        pair = AgentPair(
+            worker=worker, url=f"http://127.0.0.1:{port}", sidecar=sidecar, agent=agent
         )
-        self.processes.append(proc)
-        return proc
+        self.pairs.append(pair)
+        return pair
 
     def operator(
         self, *flags: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None
@@ -303,9 +392,8 @@ class Fleet:
     def logs(self, tail: int = 40) -> str:
         out = []
         for proc in self.processes:
-            if "operator" in proc.args:
-                lines = proc.text().splitlines()[-tail:]
-                out.append(f"--- {proc.log.name} (pid {proc.pid})\n" + "\n".join(lines))
+            lines = proc.text().splitlines()[-(tail if "operator" in proc.args else 12) :]
+            out.append(f"--- {proc.log.name} (pid {proc.pid})\n" + "\n".join(lines))
         return "\n".join(out)
 
     def close(self) -> None:

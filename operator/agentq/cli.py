@@ -19,6 +19,8 @@ _COMMANDS: dict[str, str] = {
     "simulate": "agentq.simulation.command:simulate",
     "operator": "agentq.operator.command:operator",
     "requeue": "agentq.requeue:requeue",
+    "sidecar": "agentq.sidecar.command:sidecar",
+    "agent-sim": "agentq.agentsim:agent_sim",
 }
 
 

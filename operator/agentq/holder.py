@@ -1,13 +1,16 @@
-"""What a Lease holder (the sidecar, or a test standing in for it) may write.
+"""Raw writes to a Lease, for a process that holds it without a sidecar.
 
-An agent's only writes are to the Leases it holds (DESIGN "Fencing"). Each
-write here is a compare-and-swap: read the Lease, check it is still ours
+The sidecar (``agentq.sidecar``) is how agents hold Leases: one request per
+renewal, agent-gated. This module is the raw, synchronous path a test uses to
+stand in for a holder that bypasses the sidecar (a zombie writing its report
+straight onto the Lease, a late report in a grace period), and what the
+``scripted_agent`` stand-in used before the sidecar existed.
+
+Each write here is a compare-and-swap: read the Lease, check it is still ours
 (holder and fencing token), change it, and replace it with the resourceVersion
-we read; a concurrent change is a 409 and we re-read rather than guess. A
-Lease that is gone, or granted to someone else or with another token, raises
-``LeaseLost``: the attempt must stop.
-
-Synchronous (the kubernetes client); callers on an event loop run it in a thread.
+we read (two requests); a concurrent change is a 409 and we re-read rather than
+guess. A Lease that is gone, or granted to someone else or with another token,
+raises ``LeaseLost``: the attempt must stop.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
 ANNOTATION_REPORT = f"{GROUP}/report"
 ANNOTATION_REQUEUE = f"{GROUP}/requeue"  # set on an AgentTask by `agentq requeue`
+ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # on a task Lease: the UID of the task it claims
 
 TASK_LEASE_PREFIX = "agentq-task-"
 WORKER_LEASE_PREFIX = "agentq-worker-"
@@ -34,6 +35,11 @@ WORKER_LEASE_PREFIX = "agentq-worker-"
 # the agent's own sink and the report carries a reference (``resultRef``).
 MAX_REPORT_BYTES = 64 * 1024
 MAX_PROGRESS_BYTES = 1024
+# Field limits of a report (the contract's numbers; the task status schema accepts
+# these): the sidecar refuses longer input with a 4xx.
+MAX_REASON_CHARS = 1024
+MAX_MESSAGE_CHARS = 32768
+MAX_RESULT_REF_CHARS = 4096
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

@@ -1,5 +1,9 @@
-"""A scripted agent for demos and tests: a real process standing in for an agent pod
-(its sidecar and its agent) until one is deployed.
+"""A scripted agent: one process standing in for an agent pod (sidecar and agent) by
+writing Leases directly.
+
+Superseded by ``agentq sidecar`` + ``agentq agent-sim`` (``agentq.agentsim.pair_commands``),
+which the integration tests use. Kept only while ``agentq.demo`` still starts it;
+remove it when the demo has switched.
 
 It renews its worker Lease (``agentq-worker-<name>``), finds the task Leases the
 operator granted to it, and behaves as told for each attempt:

@@ -19,6 +19,7 @@ import pytest
 from agentq.controlplane import Cluster
 from agentq.controlplane.binaries import resolve
 from fleet import ControlPlane, Fleet
+from pgserver import PostgresServer, find_bin_dir
 
 
 @pytest.fixture(scope="session")
@@ -86,3 +87,19 @@ def fleet(
         yield fleet
     finally:
         fleet.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A real PostgreSQL server (Debian's binaries, its own process); yields its DSN."""
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL's server binaries are missing; `make test` installs them")
+        pytest.skip("needs PostgreSQL's server binaries (make test installs them)")
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+        yield server.dsn
+    finally:
+        server.stop()

@@ -43,7 +43,7 @@ def test_operator_killed_during_a_burst_of_200_loses_and_duplicates_nothing(
     limits = {"w1": 60, "w2": 60, "w3": 60, "w4": 60}
     for name, limit in limits.items():
         fleet.add_worker(worker(name).capabilities("llm").max_in_flight(limit))
-        fleet.agent(name, "hold", beat_seconds=1.0)
+        fleet.agent(name, "hold")  # agent-sim beats every third of the heartbeat interval
     for i in range(200):
         fleet.add_task(task(f"burst-{i:03d}").requires("llm").lease(30))
     first = fleet.operator()

@@ -1,0 +1,391 @@
+"""A small Python client of the sidecar's agent API (docs/agent-api.md).
+
+    from agentq.agent import SidecarClient, LeaseLost
+
+    client = SidecarClient()                      # $AGENTQ_SIDECAR_URL or 127.0.0.1:8700
+    for assignment in client.assignments():       # blocks, yields each new attempt once
+        try:
+            with client.hold(assignment) as lease:  # heartbeats from a background thread
+                for step in plan(assignment.payload):
+                    do(step)
+                    lease.progress(f"step {step}")  # raises LeaseLost once fenced
+                lease.complete({"answer": 42})
+        except LeaseLost as lost:
+            log(f"stopped: {lost}")                 # another attempt owns the task now
+
+Only the standard library (``urllib``), so it drops into any agent. Any other
+language uses the same API with plain HTTP.
+
+The heartbeat thread beats every third of the task's heartbeat interval. When
+the sidecar answers 409 (the lease was lost, or the token is stale) the lease is
+marked lost: the next ``progress()``, ``check()``, ``complete()`` or ``fail()``
+raises ``LeaseLost``. With ``hold(..., interrupt=True)`` the exception is also
+raised asynchronously in the thread that entered the ``with`` block (it arrives
+when that thread next runs Python code; a blocking C call finishes first). When
+the sidecar cannot be reached until past the lease deadline, the lease is
+presumed lost too (the operator will have reclaimed it). ``complete()`` and
+``fail()`` always ask the sidecar, which is the only judge of the claim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+DEFAULT_URL = "http://127.0.0.1:8700"
+
+
+class AgentError(Exception):
+    """The sidecar refused a request; ``status`` and ``code`` say how."""
+
+    def __init__(self, status: int, code: str, message: str, body: dict[str, Any]) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.body = body
+
+
+class LeaseLost(AgentError):
+    """The attempt's lease is lost or its token is stale: stop working on it now."""
+
+
+class LeaseLostInterrupt(LeaseLost):
+    """LeaseLost raised asynchronously in the agent's thread (``hold(interrupt=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            409,
+            "LeaseLost",
+            "the lease was lost (raised in this thread by the heartbeat thread)",
+            {},
+        )
+
+
+class SidecarUnavailable(Exception):
+    """The sidecar could not be reached or is not serving (not ready, shutting down)."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One attempt of a task granted to this worker."""
+
+    task: str
+    namespace: str
+    worker: str
+    token: int
+    attempt: int
+    payload: Any
+    uid: str | None
+    lease_duration_seconds: float
+    heartbeat_interval_seconds: float
+    lease_deadline: datetime.datetime | None
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> Assignment:
+        deadline = body.get("leaseDeadline")
+        return cls(
+            task=str(body["task"]),
+            namespace=str(body.get("namespace") or ""),
+            worker=str(body.get("worker") or ""),
+            token=int(body["token"]),
+            attempt=int(body.get("attempt") or 0),
+            payload=body.get("payload"),
+            uid=body.get("uid"),
+            lease_duration_seconds=float(body.get("leaseDurationSeconds") or 30),
+            heartbeat_interval_seconds=float(body.get("heartbeatIntervalSeconds") or 10),
+            lease_deadline=_parse_time(deadline) if isinstance(deadline, str) else None,
+            raw=body,
+        )
+
+
+def _parse_time(text: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+class SidecarClient:
+    """The agent API at ``url`` (default ``$AGENTQ_SIDECAR_URL``, else 127.0.0.1:8700)."""
+
+    def __init__(self, url: str | None = None, *, timeout: float = 10.0) -> None:
+        self.url = (url or os.environ.get("AGENTQ_SIDECAR_URL") or DEFAULT_URL).rstrip("/")
+        self.timeout = timeout
+
+    # -- raw requests ----------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """One request; the JSON answer on 2xx. 409 raises LeaseLost, other 4xx/5xx
+        AgentError (503: SidecarUnavailable), a connection failure SidecarUnavailable."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as response:
+                answer: dict[str, Any] = json.loads(response.read() or b"{}")
+                return answer
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                decoded = json.loads(raw) if raw else {}
+            except ValueError:
+                decoded = {"message": raw[:500].decode(errors="replace")}
+            code = str(decoded.get("error") or err.reason)
+            message = str(decoded.get("message") or "")
+            if err.code == 409:
+                raise LeaseLost(err.code, code, message, decoded) from None
+            if err.code == 503:
+                raise SidecarUnavailable(f"503 {code}: {message}") from None
+            raise AgentError(err.code, code, message, decoded) from None
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            raise SidecarUnavailable(f"{method} {self.url}{path}: {err}") from err
+
+    # -- assignments ------------------------------------------------------------------------
+
+    def list(self, *, wait: float = 0.0, after: int | None = None) -> tuple[int, list[Assignment]]:
+        """(version, assignments). ``wait`` long-polls until the list differs from ``after``."""
+        query: dict[str, str] = {}
+        if wait:
+            query["wait"] = f"{wait:g}"
+        if after is not None:
+            query["after"] = str(after)
+        path = "/v1/assignments" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        answer = self.request("GET", path, timeout=(wait or 0) + self.timeout)
+        items = [Assignment.of(a) for a in answer.get("assignments") or []]
+        return int(answer.get("version") or 0), items
+
+    def assignments(
+        self, *, poll: float = 20.0, stop: threading.Event | None = None
+    ) -> Iterator[Assignment]:
+        """Every new attempt granted to this worker, once each, as they come (blocks).
+
+        Waits out a sidecar that is starting, not ready or briefly unreachable.
+        """
+        seen: set[tuple[str, int]] = set()
+        version: int | None = None
+        while stop is None or not stop.is_set():
+            try:
+                version, items = self.list(wait=poll, after=version)
+            except SidecarUnavailable:
+                version = None
+                time.sleep(0.5)
+                continue
+            for item in items:
+                key = (item.task, item.token)
+                if key not in seen and item.raw.get("state") == "active":
+                    seen.add(key)
+                    yield item
+            seen &= {(a.task, a.token) for a in items}  # tokens are never reused
+
+    # -- one attempt ---------------------------------------------------------------------------
+
+    def heartbeat(self, task: str, token: int, progress: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"token": token}
+        if progress is not None:
+            body["progress"] = progress
+        return self.request("POST", f"/v1/assignments/{_quote(task)}/heartbeat", body)
+
+    def complete(
+        self, task: str, token: int, result: Any = None, *, result_ref: str | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"token": token}
+        if result is not None:
+            body["result"] = result
+        if result_ref is not None:
+            body["resultRef"] = result_ref
+        return self.request("POST", f"/v1/assignments/{_quote(task)}/complete", body)
+
+    def fail(
+        self, task: str, token: int, reason: str, message: str = "", *, retryable: bool = True
+    ) -> dict[str, Any]:
+        body = {"token": token, "reason": reason, "message": message, "retryable": retryable}
+        return self.request("POST", f"/v1/assignments/{_quote(task)}/fail", body)
+
+    def hold(
+        self, assignment: Assignment, *, interrupt: bool = False, beat_seconds: float | None = None
+    ) -> HeldLease:
+        """A context manager that heartbeats ``assignment`` until it is left."""
+        return HeldLease(self, assignment, interrupt=interrupt, beat_seconds=beat_seconds)
+
+
+def _quote(task: str) -> str:
+    return urllib.parse.quote(task, safe="")
+
+
+class HeldLease:
+    """Heartbeats one attempt from a background thread while the ``with`` block runs."""
+
+    def __init__(
+        self,
+        client: SidecarClient,
+        assignment: Assignment,
+        *,
+        interrupt: bool = False,
+        beat_seconds: float | None = None,
+    ) -> None:
+        self.client = client
+        self.assignment = assignment
+        self.interrupt = interrupt
+        self.beat_seconds = beat_seconds or max(0.1, assignment.heartbeat_interval_seconds / 3)
+        self.lost: LeaseLost | None = None
+        self.finished = False
+        self._progress: str | None = None
+        self._sent_progress: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._thread: threading.Thread | None = None
+        self._deadline = time.monotonic() + max(
+            0.0,
+            (assignment.lease_deadline - datetime.datetime.now(datetime.UTC)).total_seconds()
+            if assignment.lease_deadline
+            else assignment.lease_duration_seconds,
+        )
+        self._injected = False
+
+    # -- context manager --------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self._owner = threading.get_ident()
+        self._beat()  # the first beat at once: it is what starts the attempt (Running)
+        self._raise_if_lost()
+        self._thread = threading.Thread(
+            target=self._run, name=f"agentq-heartbeat-{self.assignment.task}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        with self._lock:
+            owner, self._owner = self._owner, None
+            if self._injected and owner is not None:
+                # Not delivered yet: withdraw it, so it cannot fire after the block.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(owner), None)
+        if self._thread is not None:
+            self._thread.join(timeout=self.client.timeout + 1)
+
+    # -- what the agent calls -------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise LeaseLost if the lease is lost (or presumed lost)."""
+        self._raise_if_lost()
+
+    def progress(self, marker: str) -> None:
+        """Set the progress marker (sent with the next heartbeat); raises LeaseLost if lost."""
+        self._raise_if_lost()
+        self._progress = marker
+
+    def complete(self, result: Any = None, *, result_ref: str | None = None) -> dict[str, Any]:
+        """Report success. Raises LeaseLost (409) if the claim is no longer ours."""
+        try:
+            answer = self.client.complete(
+                self.assignment.task, self.assignment.token, result, result_ref=result_ref
+            )
+        except LeaseLost as lost:
+            self._mark_lost(lost, inject=False)
+            raise
+        self.finished = True
+        self._stop.set()
+        return answer
+
+    def fail(self, reason: str, message: str = "", *, retryable: bool = True) -> dict[str, Any]:
+        """Report failure. Raises LeaseLost (409) if the claim is no longer ours."""
+        try:
+            answer = self.client.fail(
+                self.assignment.task, self.assignment.token, reason, message, retryable=retryable
+            )
+        except LeaseLost as lost:
+            self._mark_lost(lost, inject=False)
+            raise
+        self.finished = True
+        self._stop.set()
+        return answer
+
+    # -- the heartbeat thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.beat_seconds):
+            self._beat()
+            if self.lost is not None:
+                return
+
+    def _beat(self) -> None:
+        if self.lost is not None or self.finished:
+            return
+        progress = self._progress
+        try:
+            answer = self.client.heartbeat(
+                self.assignment.task,
+                self.assignment.token,
+                progress if progress != self._sent_progress else None,
+            )
+        except LeaseLost as lost:
+            self._mark_lost(lost, inject=True)
+            return
+        except (SidecarUnavailable, AgentError) as err:
+            if time.monotonic() > self._deadline:
+                self._mark_lost(
+                    LeaseLost(
+                        0,
+                        "LeaseDeadlinePassed",
+                        f"no heartbeat accepted before the lease deadline ({err})",
+                        {},
+                    ),
+                    inject=True,
+                )
+            return
+        self._sent_progress = progress
+        remaining = answer.get("leaseRemainingSeconds")
+        if isinstance(remaining, int | float):
+            self._deadline = time.monotonic() + float(remaining)
+
+    def _mark_lost(self, lost: LeaseLost, *, inject: bool) -> None:
+        with self._lock:
+            if self.lost is None:
+                self.lost = lost
+            owner = self._owner
+            if (
+                inject
+                and self.interrupt
+                and owner is not None
+                and owner != threading.get_ident()
+                and not self._injected
+            ):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(owner), ctypes.py_object(LeaseLostInterrupt)
+                )
+                self._injected = True
+
+    def _raise_if_lost(self) -> None:
+        if self.lost is not None:
+            raise self.lost

@@ -1,0 +1,259 @@
+"""``agentq agent-sim``: a simulated agent that talks ONLY to its sidecar, over HTTP.
+
+It is what demos and integration tests run beside ``agentq sidecar``: a real
+process using the public client (``agentq.agent``) and, optionally, a fenced
+sink (``agentq.fencing``), never the Kubernetes API. For each new attempt it
+behaves as told:
+
+- ``complete``: heartbeat; do the work (one blocking call of ``--work-seconds``,
+  like a model call that checks nothing while it runs); write the output to the
+  sink; report Succeeded with ``{"by": <worker>}``
+- ``fail``:     the same, then report a retryable failure
+- ``fatal``:    the same, then report a non-retryable failure
+- ``hold``:     heartbeat with a new progress marker every beat, forever
+- ``hang``:     never heartbeat (a hung agent: its sidecar stops renewing)
+- ``stuck``:    heartbeat forever without progress (a busy loop that beats)
+
+With ``--sink URL`` it claims the task's key in the sink with its token when it
+starts (``fence``) and writes its output under that key when the work is done,
+and writes and reports even if it was paused in between: the sink's fence and
+the sidecar's 409 are what stop a zombie, and this process shows both. Every
+event is one JSON line on stdout (``assigned``, ``sink-written``,
+``sink-refused``, ``reported``, ``lost``), for tests and people to read.
+
+``pair_commands`` builds the argv of a sidecar + agent-sim pair (one agent pod's
+two containers as processes), for the demo and the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from agentq.agent import Assignment, LeaseLost, SidecarClient, SidecarUnavailable
+
+BEHAVIOURS = ("complete", "fail", "fatal", "hold", "hang", "stuck")
+_print_lock = threading.Lock()
+
+
+def emit(event: str, **fields: Any) -> None:
+    with _print_lock:
+        print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def pair_commands(
+    *,
+    worker: str,
+    namespace: str,
+    port: int,
+    behaviour: str = "complete",
+    kubeconfig: str | None = None,
+    identity: str | None = None,
+    sink: str | None = None,
+    sidecar_flags: dict[str, Any] | None = None,
+    agent_flags: dict[str, Any] | None = None,
+    python: str = sys.executable,
+) -> tuple[list[str], list[str]]:
+    """The argv of a sidecar and of its agent-sim, talking over 127.0.0.1:``port``.
+
+    ``sidecar_flags`` / ``agent_flags`` map option names (``worker_lease_seconds``,
+    ``capabilities``; ``work_seconds``, ``beat_seconds``) to values.
+    """
+    if behaviour not in BEHAVIOURS:
+        raise ValueError(f"unknown behaviour {behaviour!r}; one of {', '.join(BEHAVIOURS)}")
+    sidecar = [
+        python,
+        "-m",
+        "agentq.cli",
+        "sidecar",
+        "--worker",
+        worker,
+        "--namespace",
+        namespace,
+        "--listen",
+        f"127.0.0.1:{port}",
+    ]
+    if kubeconfig:
+        sidecar += ["--kubeconfig", kubeconfig]
+    if identity:
+        sidecar += ["--identity", identity]
+    sidecar += _flags(sidecar_flags or {})
+    agent = [
+        python,
+        "-m",
+        "agentq.cli",
+        "agent-sim",
+        "--sidecar",
+        f"http://127.0.0.1:{port}",
+        "--behaviour",
+        behaviour,
+    ]
+    if sink:
+        agent += ["--sink", sink]
+    agent += _flags(agent_flags or {})
+    return sidecar, agent
+
+
+def _flags(options: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    for key, value in options.items():
+        out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
+
+
+class AgentSim:
+    def __init__(
+        self,
+        client: SidecarClient,
+        *,
+        behaviour: str,
+        work_seconds: float,
+        beat_seconds: float | None,
+        sink_url: str | None,
+    ) -> None:
+        self.client = client
+        self.behaviour = behaviour
+        self.work_seconds = work_seconds
+        self.beat_seconds = beat_seconds
+        self.sink_url = sink_url
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        emit("started", behaviour=self.behaviour, sidecar=self.client.url)
+        for assignment in self.client.assignments(stop=self.stop):
+            emit(
+                "assigned",
+                task=assignment.task,
+                token=assignment.token,
+                attempt=assignment.attempt,
+            )
+            threading.Thread(
+                target=self._attempt, args=(assignment,), name=assignment.task, daemon=True
+            ).start()
+
+    def _attempt(self, assignment: Assignment) -> None:
+        try:
+            self._behave(assignment)
+        except LeaseLost as lost:
+            emit("lost", task=assignment.task, token=assignment.token, why=str(lost))
+        except SidecarUnavailable as err:
+            emit("sidecar-unavailable", task=assignment.task, token=assignment.token, why=str(err))
+        except Exception as err:  # a simulated agent reports its own bugs, then goes on
+            emit("error", task=assignment.task, token=assignment.token, why=repr(err))
+
+    def _behave(self, a: Assignment) -> None:
+        if self.behaviour == "hang":
+            emit("hanging", task=a.task, token=a.token)
+            return
+        with self.client.hold(a, beat_seconds=self.beat_seconds) as lease:
+            if self.behaviour == "hold":
+                step = 0
+                while not self.stop.is_set():
+                    step += 1
+                    lease.progress(f"step-{step}")
+                    time.sleep(lease.beat_seconds)
+                return
+            if self.behaviour == "stuck":
+                while not self.stop.is_set():
+                    lease.check()  # the heartbeat thread beats; progress never moves
+                    time.sleep(lease.beat_seconds)
+                return
+            lease.progress("started")
+            self._with_sink(lambda sink: sink.fence(a.task, a.token), a, "sink-fenced")
+            time.sleep(self.work_seconds)  # the work: one blocking call that checks nothing
+            output = {
+                "task": a.task,
+                "token": a.token,
+                "attempt": a.attempt,
+                "by": a.worker,
+                "payload": a.payload,
+            }
+            ref = self._with_sink(
+                lambda sink: sink.write(a.task, a.token, output), a, "sink-written"
+            )
+            if self.behaviour == "complete":
+                lease.complete({"by": a.worker}, result_ref=ref)
+                emit("reported", task=a.task, token=a.token, outcome="Succeeded")
+            else:
+                retryable = self.behaviour == "fail"
+                lease.fail("AgentError", "simulated failure", retryable=retryable)
+                emit("reported", task=a.task, token=a.token, outcome="Failed", retryable=retryable)
+
+    def _with_sink(self, action: Callable[[Any], Any], a: Assignment, event: str) -> str | None:
+        """Run ``action`` on a fresh connection to the sink; a refusal is logged, not raised
+        (the report that follows shows the sidecar's fence too)."""
+        if not self.sink_url:
+            return None
+        from agentq.fencing import StaleTokenError, open_store
+
+        with open_store(self.sink_url) as sink:
+            try:
+                record = action(sink)
+            except StaleTokenError as err:
+                emit(
+                    "sink-refused",
+                    task=a.task,
+                    token=a.token,
+                    highest=err.highest,
+                    why=str(err),
+                )
+                return None
+            emit(event, task=a.task, token=a.token, revision=record.revision)
+            return str(sink.ref(a.task))
+
+
+@click.command("agent-sim")
+@click.option(
+    "--sidecar",
+    "url",
+    envvar="AGENTQ_SIDECAR_URL",
+    default="http://127.0.0.1:8700",
+    show_default=True,
+    help="the sidecar's agent API [AGENTQ_SIDECAR_URL]",
+)
+@click.option(
+    "--behaviour",
+    envvar="AGENTQ_BEHAVIOUR",
+    type=click.Choice(BEHAVIOURS),
+    default="complete",
+    show_default=True,
+)
+@click.option(
+    "--work-seconds",
+    envvar="AGENTQ_WORK_SECONDS",
+    type=click.FloatRange(min=0),
+    default=0.5,
+    show_default=True,
+)
+@click.option(
+    "--beat-seconds",
+    envvar="AGENTQ_BEAT_SECONDS",
+    type=click.FloatRange(min=0.05),
+    help="heartbeat period [default: a third of each task's heartbeat interval]",
+)
+@click.option(
+    "--sink",
+    envvar="AGENTQ_SINK",
+    help="fenced sink URL: sqlite:///path, postgresql://..., configmap://ns/name",
+)
+def agent_sim(
+    url: str, behaviour: str, work_seconds: float, beat_seconds: float | None, sink: str | None
+) -> None:
+    """A simulated agent: takes its sidecar's assignments and behaves as told."""
+    sim = AgentSim(
+        SidecarClient(url),
+        behaviour=behaviour,
+        work_seconds=work_seconds,
+        beat_seconds=beat_seconds,
+        sink_url=sink,
+    )
+    try:
+        sim.run()
+    except KeyboardInterrupt:
+        sim.stop.set()

@@ -1,0 +1,118 @@
+"""What every fenced store promises, and the error it raises.
+
+A store holds records by key. Each record carries the highest fencing token
+seen for its key, a value (any JSON) and a revision (incremented by every
+accepted change). ``write(key, token, value)`` and ``fence(key, token)`` are
+refused with ``StaleTokenError`` when ``token`` is lower than the record's
+token; an equal token is accepted (the same attempt may write again, or retry).
+The check and the raise of the token happen in one transaction with the data,
+so no interleaving of writers, in any number of processes, lets a lower token
+overwrite what a higher one wrote.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+MAX_TOKEN = 2**63 - 1  # tokens are stored as signed 64-bit integers
+
+
+class StaleTokenError(Exception):
+    """A write carried a fencing token lower than one the store has already seen."""
+
+    def __init__(self, key: str, token: int, highest: int) -> None:
+        super().__init__(
+            f"write to {key!r} with fencing token {token} refused: the store has already seen "
+            f"token {highest} for it (a newer attempt owns it; stop and discard this work)"
+        )
+        self.key = key
+        self.token = token
+        self.highest = highest
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    token: int
+    value: Any
+    revision: int
+
+
+def check_token(token: object) -> int:
+    """A fencing token must be an integer in [1, 2**63-1] (not a bool, not a string)."""
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"a fencing token is an integer, not {type(token).__name__}")
+    if not 1 <= token <= MAX_TOKEN:
+        raise ValueError(f"fencing token {token} is out of range [1, {MAX_TOKEN}]")
+    return token
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"a key is a non-empty string, not {key!r}")
+    if len(key) > 1024:
+        raise ValueError("a key is at most 1024 characters")
+    return key
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+UNSET: Any = object()
+
+
+def check_identifier(name: str) -> str:
+    if not _IDENTIFIER.fullmatch(name):
+        raise ValueError(f"{name!r} is not a plain SQL identifier (letters, digits, '_')")
+    return name
+
+
+@dataclass
+class Transaction:
+    """An open fenced transaction: ``connection`` for your own statements,
+    ``previous`` the record before it; set ``value`` to store one with the token."""
+
+    connection: Any
+    previous: Record | None
+    value: Any = UNSET
+
+
+class FencedStore(abc.ABC):
+    """A key-value store whose writes are fenced by token, per key."""
+
+    @abc.abstractmethod
+    def write(self, key: str, token: int, value: Any) -> Record:
+        """Store ``value`` under ``key`` unless a higher token was seen; the new record."""
+
+    @abc.abstractmethod
+    def fence(self, key: str, token: int) -> Record:
+        """Raise the key's token to ``token`` without writing a value (claim the key at
+        the start of an attempt, so an older attempt's later write is refused)."""
+
+    @abc.abstractmethod
+    def read(self, key: str) -> Record | None:
+        """The record under ``key``, or None."""
+
+    @abc.abstractmethod
+    def records(self) -> list[Record]:
+        """Every record, by key (for inspection and tests; not for large stores)."""
+
+    def ref(self, key: str) -> str:
+        """A reference to ``key`` in this store, for a report's ``resultRef``."""
+        return key
+
+    def close(self) -> None:  # noqa: B027 - backends without resources need not override it
+        """Release connections."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,288 @@
+"""The agent's HTTP API (aiohttp), served on loopback; described in docs/agent-api.md
+and docs/agent-api.openapi.yaml.
+
+Handlers never call the API server for a heartbeat: they record it and wake the
+renewal loop. Only complete and fail write (the report, on the claim's Lease)
+and answer once the API server has accepted it. Every answer is JSON, errors
+included (``{"error": CODE, "message": ...}``), and no input can crash the
+process: an unexpected exception in a handler is a 500 with a message, logged,
+and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import generate_latest
+
+from agentq import protocol
+from agentq.clock import Clock
+from agentq.sidecar import agent_input, metrics
+from agentq.sidecar.attempts import AgentError, Attempt, Attempts
+from agentq.sidecar.changes import Changes
+from agentq.sidecar.renewer import Renewer
+from agentq.sidecar.watcher import TaskLeaseWatcher
+from agentq.sidecar.worker_lease import WorkerLeaseKeeper
+
+log = logging.getLogger("agentq.sidecar.api")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(body: dict[str, Any], status: int = 200) -> web.Response:
+    return web.json_response(body, status=status)
+
+
+class AgentApi:
+    """The handlers, over the sidecar's state."""
+
+    def __init__(
+        self,
+        *,
+        clock: Clock,
+        attempts: Attempts,
+        changes: Changes,
+        renewer: Renewer,
+        keeper: WorkerLeaseKeeper,
+        watcher: TaskLeaseWatcher,
+        worker: str,
+        namespace: str,
+        identity: str,
+        loops: Callable[[], list[str]],
+    ) -> None:
+        self.clock = clock
+        self.attempts = attempts
+        self.changes = changes
+        self.renewer = renewer
+        self.keeper = keeper
+        self.watcher = watcher
+        self.worker = worker
+        self.namespace = namespace
+        self.identity = identity
+        self.loops = loops  # names of internal loops that have died (liveness)
+        self.stopping = False
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=agent_input.MAX_BODY_BYTES, middlewares=[self._errors]
+        )
+        app.router.add_get("/v1/assignments", self.list_assignments)
+        app.router.add_get("/v1/assignments/{task}", self.get_assignment)
+        app.router.add_post("/v1/assignments/{task}/heartbeat", self.heartbeat)
+        app.router.add_post("/v1/assignments/{task}/complete", self.complete)
+        app.router.add_post("/v1/assignments/{task}/fail", self.fail)
+        app.router.add_get("/v1/status", self.status)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except AgentError as err:
+            metrics.AGENT_ERRORS.labels(err.code).inc()
+            return _json(err.body(), err.status)
+        except web.HTTPException as err:
+            # aiohttp's own refusals (unknown path, wrong method, body too large) as JSON.
+            code = {
+                404: "NotFound",
+                405: "MethodNotAllowed",
+                413: "PayloadTooLarge",
+            }.get(err.status, "BadRequest")
+            metrics.AGENT_ERRORS.labels(code).inc()
+            message = err.reason
+            if err.status == 413:
+                message = f"request body over {agent_input.MAX_BODY_BYTES} bytes"
+            elif err.status == 404:
+                message = f"no such endpoint: {request.method} {request.path[:200]}"
+            response = _json({"error": code, "message": message}, err.status)
+            if err.status == 405 and "Allow" in err.headers:
+                response.headers["Allow"] = err.headers["Allow"]
+            return response
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("unexpected error serving %s %s", request.method, request.path[:200])
+            metrics.AGENT_ERRORS.labels("Internal").inc()
+            return _json(
+                {"error": "Internal", "message": "unexpected error in the sidecar (logged)"}, 500
+            )
+
+    def _now(self) -> tuple[float, datetime.datetime]:
+        return self.clock.monotonic(), self.clock.now()
+
+    def _require_serving(self) -> None:
+        if self.stopping:
+            raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
+        if not self.keeper.held(self.clock.monotonic()):
+            raise AgentError(503, "NotReady", f"the sidecar is {self.keeper.describe()}")
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        if request.content_length is not None and (
+            request.content_length > agent_input.MAX_BODY_BYTES
+        ):
+            raise agent_input.too_large(
+                f"request body is {request.content_length} bytes; "
+                f"the limit is {agent_input.MAX_BODY_BYTES}"
+            )
+        return agent_input.parse_json(await request.read())
+
+    def _describe(self, attempt: Attempt) -> dict[str, Any]:
+        now, wall = self._now()
+        return attempt.describe(now, wall)
+
+    # -- assignments -------------------------------------------------------------------
+
+    async def list_assignments(self, request: web.Request) -> web.Response:
+        _only_query(request, {"wait", "after"})
+        wait = agent_input.wait_seconds(request.query.get("wait"))
+        after = agent_input.after_version(request.query.get("after"))
+        self._require_serving()
+        if wait > 0:
+            deadline = self.clock.monotonic() + wait
+            # Without ``after``: wait for the first assignment. With it: for any change.
+            while not self.stopping and (
+                self.attempts.version == after if after is not None else not self.attempts.listing()
+            ):
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    break
+                await self.changes.wait(min(left, 1.0))
+            self._require_serving()
+        listing = self.attempts.listing()
+        metrics.ASSIGNMENTS.set(len(listing))
+        return _json(
+            {
+                "worker": self.worker,
+                "namespace": self.namespace,
+                "version": self.attempts.version,
+                "assignments": [self._describe(a) for a in listing],
+            }
+        )
+
+    async def get_assignment(self, request: web.Request) -> web.Response:
+        task = agent_input.task_name(request.match_info["task"])
+        _only_query(request, set())
+        attempt = self.attempts.current.get(task)
+        if attempt is None or attempt.state == "pending":
+            raise AgentError(
+                404, "UnknownTask", f"task {task} is not assigned to worker {self.worker}"
+            )
+        return _json(self._describe(attempt))
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        task = agent_input.task_name(request.match_info["task"])
+        _only_query(request, set())
+        beat = agent_input.heartbeat(await self._body(request))
+        if self.stopping:
+            raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
+        attempt = self.attempts.beat(task, beat.token, beat.progress, self.clock.monotonic())
+        metrics.HEARTBEATS.inc()
+        self.changes.notify()
+        return _json(self._describe(attempt))
+
+    async def complete(self, request: web.Request) -> web.Response:
+        task = agent_input.task_name(request.match_info["task"])
+        _only_query(request, set())
+        done = agent_input.complete(await self._body(request))
+        report = protocol.Report(
+            token=done.token,
+            worker=self.worker,
+            outcome="Succeeded",
+            result=done.result,
+            result_ref=done.result_ref,
+        )
+        return await self._report(task, done.token, report)
+
+    async def fail(self, request: web.Request) -> web.Response:
+        task = agent_input.task_name(request.match_info["task"])
+        _only_query(request, set())
+        failed = agent_input.fail(await self._body(request))
+        report = protocol.Report(
+            token=failed.token, worker=self.worker, outcome="Failed", error=failed.error
+        )
+        return await self._report(task, failed.token, report)
+
+    async def _report(self, task: str, token: int, report: protocol.Report) -> web.Response:
+        text = agent_input.encode_report(report)
+        if self.stopping:
+            raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
+        try:
+            attempt = self.attempts.find(task, token)
+        except AgentError:
+            if self.attempts.ended_report(task, token) == text:
+                # The same report again, after the operator already ended the attempt.
+                return _json({"task": task, "token": token, "state": "reported"})
+            raise
+        await self.renewer.report(attempt, report)
+        return _json(self._describe(attempt))
+
+    # -- health ---------------------------------------------------------------------------
+
+    async def status(self, request: web.Request) -> web.Response:
+        now = self.clock.monotonic()
+        return _json(
+            {
+                "worker": self.worker,
+                "namespace": self.namespace,
+                "identity": self.identity,
+                "workerLease": self.keeper.describe(),
+                "workerLeaseHeld": self.keeper.held(now),
+                "watchSynced": self.watcher.synced,
+                "watchListings": self.watcher.relists,
+                "stopping": self.stopping,
+                "assignments": len(self.attempts.listing()),
+                "version": self.attempts.version,
+                "renewals": self.renewer.renewals,
+                "workerLeaseRenewals": self.keeper.renewals,
+                "renewalRequests": self.renewer.renewal_requests,
+                "apiRequests": {
+                    f"{verb} {resource}": n
+                    for (verb, resource), n in self.keeper.api.requests.items()
+                },
+            }
+        )
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        dead = self.loops()
+        if dead:
+            return _json({"status": "failing", "deadLoops": dead}, 503)
+        return _json({"status": "ok"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        now = self.clock.monotonic()
+        reasons = []
+        if self.stopping:
+            reasons.append("shutting down")
+        if not self.keeper.held(now):
+            reasons.append(self.keeper.describe())
+        if not self.watcher.synced:
+            reasons.append("the task Lease watch is not connected")
+        if reasons:
+            return _json({"status": "not ready", "reasons": reasons}, 503)
+        return _json({"status": "ready"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        now = self.clock.monotonic()
+        metrics.WORKER_LEASE_HELD.set(1 if self.keeper.held(now) else 0)
+        metrics.WATCH_SYNCED.set(1 if self.watcher.synced else 0)
+        metrics.ASSIGNMENTS.set(len(self.attempts.listing()))
+        return web.Response(
+            body=generate_latest(metrics.REGISTRY),
+            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+        )
+
+
+def _only_query(request: web.Request, allowed: set[str]) -> None:
+    unknown = sorted(set(request.query) - allowed)
+    if unknown:
+        raise agent_input.bad(f"unknown query parameter(s): {', '.join(map(repr, unknown[:10]))}")

@@ -1,0 +1,446 @@
+"""The sidecar's pure core: the attempts its worker holds, and when to renew each.
+
+An attempt is one grant of a task to this worker: a task Lease
+(``agentq-task-<task>``) whose holder is the worker, with a fencing token. This
+module turns what the watch says about those Leases into attempts, records the
+agent's heartbeats, and decides when each Lease is renewed. It does no I/O and
+has no clock of its own: every method takes ``now`` (monotonic seconds).
+
+The renewal rule (agent-gated, DESIGN "The sidecar and the agent"):
+
+- the first renewal of an attempt happens at the agent's first heartbeat for it
+  (that renewal is what the operator takes as "Running");
+- after that a renewal is due every ``heartbeatIntervalSeconds`` (the task's, or a
+  third of its lease), and happens only if the agent beat for that attempt within
+  the last heartbeat interval; if it has not, nothing is renewed until it does,
+  and a beat that arrives after the due time renews at once;
+- a hung agent therefore loses its lease one lease duration after its last beat,
+  while a slow agent that keeps beating keeps it for as long as it works.
+
+What the agent is told when it cannot go on is an ``AgentError`` with an HTTP
+status: 404 for a task this worker never held, 409 when the attempt's lease is
+lost or the token is not the attempt's (the agent must stop), 503 while the
+sidecar does not hold its worker Lease.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from agentq import protocol
+
+Body = dict[str, Any]
+State = Literal["pending", "active", "reported"]
+
+# How many ended attempts are remembered, so a zombie agent asking about one is told
+# "lost" (409) rather than "unknown" (404).
+ENDED_MEMORY = 4096
+
+
+class AgentError(Exception):
+    """What to answer the agent: an HTTP status, a short code and a message."""
+
+    def __init__(self, status: int, code: str, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.code, "message": self.message, **self.details}
+
+
+def lease_lost(task: str, token: int, reason: str) -> AgentError:
+    return AgentError(
+        409,
+        "LeaseLost",
+        f"the lease of task {task} (token {token}) is lost: {reason}; stop working on it",
+        task=task,
+        token=token,
+    )
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """What the sidecar needs from a task Lease object."""
+
+    name: str
+    task: str
+    holder: str | None
+    token: int | None
+    attempt: int
+    task_uid: str | None
+    resource_version: int | None
+    duration: float | None
+
+    @classmethod
+    def of(cls, lease: Body) -> LeaseView | None:
+        """Read a task Lease; None if it is not one (no task label nor owner)."""
+        meta = lease.get("metadata") or {}
+        spec = lease.get("spec") or {}
+        annotations = meta.get("annotations") or {}
+        labels = meta.get("labels") or {}
+        owner = next(
+            (
+                ref
+                for ref in meta.get("ownerReferences") or []
+                if ref.get("kind") == "AgentTask" and ref.get("name")
+            ),
+            None,
+        )
+        task = str(owner["name"]) if owner else labels.get(protocol.LABEL_TASK)
+        if not task or not meta.get("name"):
+            return None
+        uid = annotations.get(protocol.ANNOTATION_TASK_UID) or (owner or {}).get("uid")
+        try:
+            attempt = int(annotations.get(protocol.ANNOTATION_ATTEMPT) or 0)
+        except ValueError:
+            attempt = 0
+        duration = spec.get("leaseDurationSeconds")
+        return cls(
+            name=str(meta["name"]),
+            task=task,
+            holder=spec.get("holderIdentity"),
+            token=protocol.lease_token(annotations),
+            attempt=attempt,
+            task_uid=str(uid) if uid else None,
+            resource_version=_rv(lease),
+            duration=float(duration) if isinstance(duration, int | float) else None,
+        )
+
+
+def _rv(body: Body) -> int | None:
+    try:
+        return int(str((body.get("metadata") or {}).get("resourceVersion")))
+    except ValueError:
+        return None
+
+
+@dataclass
+class Attempt:
+    """One grant of a task to this worker, and what the agent and the sidecar did with it."""
+
+    task: str
+    namespace: str
+    worker: str
+    lease_name: str
+    token: int
+    attempt: int
+    seen_at: float  # when the grant was first seen: the operator's timer started about then
+    lease: Body  # the latest known Lease object (the body the next write starts from)
+    state: State = "pending"  # pending: the task's payload is not read yet
+    uid: str | None = None
+    payload: Any = None
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    renewed_at: float | None = None  # when our last successful write was sent
+    beat_at: float | None = None  # the agent's last heartbeat
+    beats: int = 0
+    progress: str | None = None  # the agent's latest progress marker
+    report: str | None = None  # the encoded report, once written
+    writes: int = 0  # writes in flight or waiting (never two at once: they take a lock)
+    retry_at: float = 0.0  # after a failed write: not before
+    failures: int = 0
+
+    @property
+    def expires_at(self) -> float:
+        """When the operator will judge the lease expired if it is not renewed first.
+
+        The operator starts its timer when it observes a change; our write was sent
+        before that, so this is on the safe (early) side.
+        """
+        start = self.renewed_at if self.renewed_at is not None else self.seen_at
+        return start + self.lease_seconds
+
+    def due_at(self) -> float | None:
+        """When the next renewal is due, or None while none is wanted (see the module doc)."""
+        if self.state != "active" or self.writes or self.beat_at is None:
+            return None
+        if self.renewed_at is None:
+            cadence = self.beat_at  # the first beat renews at once: the attempt is Running
+        else:
+            cadence = self.renewed_at + self.heartbeat_seconds
+        if cadence > self.beat_at + self.heartbeat_seconds:
+            return None  # the last beat will be too old by then: wait for the next one
+        return max(cadence, self.beat_at, self.retry_at)
+
+    def describe(self, now: float, wall: datetime.datetime) -> dict[str, Any]:
+        """The attempt as the agent sees it (the HTTP API's Assignment object)."""
+        remaining = self.expires_at - now
+        deadline = wall + datetime.timedelta(seconds=remaining)
+        out: dict[str, Any] = {
+            "task": self.task,
+            "namespace": self.namespace,
+            "worker": self.worker,
+            "uid": self.uid,
+            "attempt": self.attempt,
+            "token": self.token,
+            "payload": self.payload,
+            "leaseDurationSeconds": self.lease_seconds,
+            "heartbeatIntervalSeconds": self.heartbeat_seconds,
+            "leaseDeadline": deadline.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "leaseRemainingSeconds": round(max(0.0, remaining), 3),
+            "state": self.state,
+            "renewed": self.renewed_at is not None,
+        }
+        if self.progress is not None:
+            out["progress"] = self.progress
+        return out
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A remembered attempt that is over: lost, or ended after its report."""
+
+    task: str
+    token: int
+    reason: str
+    report: str | None = None
+
+
+@dataclass
+class Attempts:
+    """Every attempt this worker holds (by task), the ended ones, and a change counter."""
+
+    namespace: str
+    worker: str
+    current: dict[str, Attempt] = field(default_factory=dict)
+    ended: OrderedDict[tuple[str, int], Ended] = field(default_factory=OrderedDict)
+    # Leases that existed when we took the worker Lease over from another holder: that
+    # holder's agent may still be working on them with the same token, so they are not
+    # ours to serve. They expire and the operator grants them again with new tokens.
+    inherited: dict[str, int | None] = field(default_factory=dict)
+    version: int = 0  # bumped whenever the listing changes (long-polls wait on it)
+
+    # -- what the watch says -----------------------------------------------------------
+
+    def observe(self, lease: Body, now: float, *, serve_from_rv: int = 0) -> Attempt | None:
+        """A task Lease was listed, added or modified. Returns an attempt that is new
+        and needs its task read (``pending``), else None."""
+        view = LeaseView.of(lease)
+        if view is None:
+            return None
+        known = self.current.get(view.task)
+        if view.holder != self.worker or view.token is None:
+            if known is not None and known.lease_name == view.name:
+                holder = view.holder or "nobody"
+                self._end(known, f"the Lease is now held by {holder} with token {view.token}")
+            return None
+        if known is not None and known.token == view.token:
+            if _newer(lease, known.lease):
+                known.lease = slim(lease)
+            return None
+        if known is not None and known.token > view.token:
+            return None  # an old event of an earlier grant
+        if view.name in self.inherited:
+            if self.inherited[view.name] == view.token:
+                return None
+            del self.inherited[view.name]  # granted again since: a new attempt, ours
+        if (view.task, view.token) in self.ended:
+            return None  # a late event of an attempt that is over
+        if serve_from_rv and (view.resource_version or 0) <= serve_from_rv:
+            self.inherited[view.name] = view.token
+            return None
+        if known is not None:
+            self._end(known, f"the task was granted again with token {view.token}")
+        attempt = Attempt(
+            task=view.task,
+            namespace=self.namespace,
+            worker=self.worker,
+            lease_name=view.name,
+            token=view.token,
+            attempt=view.attempt,
+            seen_at=now,
+            lease=slim(lease),
+            uid=view.task_uid,
+        )
+        if view.duration:
+            attempt.lease_seconds = view.duration
+            attempt.heartbeat_seconds = view.duration / 3
+        self.current[view.task] = attempt
+        return attempt
+
+    def deleted(self, lease: Body) -> None:
+        """A task Lease was deleted (or stopped matching our selector)."""
+        view = LeaseView.of(lease)
+        if view is None:
+            return
+        self.inherited.pop(view.name, None)
+        known = self.current.get(view.task)
+        if known is None or known.lease_name != view.name:
+            return
+        if view.token is not None and view.token < known.token:
+            return  # the deletion of an earlier grant
+        if known.state == "reported":
+            self._end(known, "the attempt ended after its report")
+        else:
+            self._end(known, "its Lease was deleted (reclaimed, requeued, or the task deleted)")
+
+    def resync(self, leases: list[Body], now: float, *, serve_from_rv: int = 0) -> list[Attempt]:
+        """A fresh listing: what is not in it any more is gone. Returns new attempts."""
+        present = {view.name: lease for lease in leases if (view := LeaseView.of(lease))}
+        for attempt in list(self.current.values()):
+            if attempt.lease_name not in present:
+                self.deleted(attempt.lease)
+        for name in list(self.inherited):
+            if name not in present:
+                del self.inherited[name]
+        new = []
+        for lease in present.values():
+            created = self.observe(lease, now, serve_from_rv=serve_from_rv)
+            if created is not None:
+                new.append(created)
+        return new
+
+    def activate(
+        self,
+        attempt: Attempt,
+        *,
+        uid: str | None,
+        payload: Any,
+        lease_seconds: float,
+        heartbeat_seconds: float,
+    ) -> bool:
+        """The task was read: the attempt is offered to the agent. False if it is stale."""
+        if self.current.get(attempt.task) is not attempt or attempt.state != "pending":
+            return False
+        if attempt.uid is not None and uid is not None and attempt.uid != uid:
+            self._end(attempt, "the Lease belongs to an earlier task of the same name")
+            return False
+        attempt.uid = uid
+        attempt.payload = payload
+        attempt.lease_seconds = lease_seconds
+        attempt.heartbeat_seconds = heartbeat_seconds
+        attempt.state = "active"
+        self.version += 1
+        return True
+
+    def drop(self, attempt: Attempt, reason: str) -> None:
+        """The attempt cannot be served (its task is gone or unreadable for good)."""
+        if self.current.get(attempt.task) is attempt:
+            self._end(attempt, reason)
+
+    def lose_all(self, reason: str) -> None:
+        for attempt in list(self.current.values()):
+            self._end(attempt, reason)
+
+    # -- what the agent says ------------------------------------------------------------
+
+    def find(self, task: str, token: int) -> Attempt:
+        """The live attempt of ``task`` with ``token``, or the AgentError to answer."""
+        attempt = self.current.get(task)
+        if attempt is not None and attempt.token == token and attempt.state != "pending":
+            return attempt
+        ended = self.ended.get((task, token))
+        if ended is not None:
+            if ended.report is not None:
+                raise AgentError(
+                    409,
+                    "AttemptEnded",
+                    f"attempt of task {task} with token {token} is over: {ended.reason}",
+                    task=task,
+                    token=token,
+                )
+            raise lease_lost(task, token, ended.reason)
+        name = protocol.task_lease_name(task)
+        if name in self.inherited and self.inherited[name] == token:
+            raise lease_lost(
+                task,
+                token,
+                "it was granted to this worker before this sidecar took the worker Lease over "
+                "from another holder; it will expire and be granted again with a new token",
+            )
+        if attempt is not None and attempt.state != "pending":
+            kind = "older than" if token < attempt.token else "not"
+            raise AgentError(
+                409,
+                "StaleToken",
+                f"token {token} is {kind} the token of the current attempt of task {task} "
+                f"on this worker ({attempt.token}); stop working on it",
+                task=task,
+                token=token,
+                currentToken=attempt.token,
+            )
+        if any(key[0] == task for key in self.ended):
+            raise lease_lost(task, token, "no attempt of it with this token is held here")
+        raise AgentError(
+            404, "UnknownTask", f"task {task} is not assigned to worker {self.worker}", task=task
+        )
+
+    def beat(self, task: str, token: int, progress: str | None, now: float) -> Attempt:
+        attempt = self.find(task, token)
+        if attempt.state == "active":
+            attempt.beat_at = now
+            attempt.beats += 1
+            if progress is not None:
+                attempt.progress = progress
+        return attempt
+
+    def ended_report(self, task: str, token: int) -> str | None:
+        ended = self.ended.get((task, token))
+        return ended.report if ended is not None else None
+
+    # -- what the writes did --------------------------------------------------------
+
+    def renewed(self, attempt: Attempt, lease: Body, sent_at: float) -> None:
+        attempt.lease = slim(lease)
+        attempt.renewed_at = sent_at
+        attempt.failures = 0
+        attempt.retry_at = 0.0
+
+    def reported(self, attempt: Attempt, lease: Body, report: str, sent_at: float) -> None:
+        self.renewed(attempt, lease, sent_at)
+        attempt.report = report
+        attempt.state = "reported"
+        self.version += 1
+
+    def write_failed(self, attempt: Attempt, now: float, *, retry_in: float) -> None:
+        attempt.failures += 1
+        attempt.retry_at = now + retry_in
+
+    def lost(self, attempt: Attempt, reason: str) -> None:
+        if self.current.get(attempt.task) is attempt:
+            self._end(attempt, reason)
+
+    # -- the renewal loop's view ------------------------------------------------------------
+
+    def due(self, now: float) -> list[Attempt]:
+        return [a for a in self.current.values() if (due := a.due_at()) is not None and due <= now]
+
+    def next_due(self) -> float | None:
+        times = [due for a in self.current.values() if (due := a.due_at()) is not None]
+        return min(times) if times else None
+
+    def listing(self) -> list[Attempt]:
+        return sorted(
+            (a for a in self.current.values() if a.state != "pending"),
+            key=lambda a: (a.seen_at, a.task),
+        )
+
+    # -- internals --------------------------------------------------------------------
+
+    def _end(self, attempt: Attempt, reason: str) -> None:
+        del self.current[attempt.task]
+        self.ended[(attempt.task, attempt.token)] = Ended(
+            attempt.task, attempt.token, reason, attempt.report
+        )
+        while len(self.ended) > ENDED_MEMORY:
+            self.ended.popitem(last=False)
+        self.version += 1
+
+
+def _newer(new: Body, old: Body) -> bool:
+    a, b = _rv(new), _rv(old)
+    return a is None or b is None or a > b
+
+
+def slim(body: Body) -> Body:
+    """An object without ``managedFields``: smaller to keep and to send (a replace that
+    omits them keeps the server's)."""
+    meta = dict(body.get("metadata") or {})
+    meta.pop("managedFields", None)
+    return {**body, "metadata": meta}

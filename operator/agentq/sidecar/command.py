@@ -1,0 +1,362 @@
+"""``agentq sidecar``: wiring, signals and shutdown of the heartbeat sidecar.
+
+Every flag can also come from the environment (the names are in ``--help``), so
+the same image runs as a native sidecar container configured by env vars.
+
+Start-up: bind the HTTP API (print one JSON line with the address), then keep
+the worker Lease, watch the worker's task Leases once the worker Lease is held,
+renew, and register the AgentWorker if asked.
+
+SIGTERM / SIGINT: stop renewing at once, refuse new agent requests (503),
+let writes already in flight finish (bounded), release the worker Lease so the
+operator stops dispatching here, close the server and exit: all within
+``--shutdown-seconds`` (default 5), well inside a pod's termination grace period.
+Nothing is reported on the agent's behalf: its tasks' Leases simply run out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from aiohttp import web
+from pydantic import ValidationError
+
+from agentq import protocol
+from agentq.clock import Clock, SystemClock
+from agentq.models import AgentWorkerSpec
+from agentq.sidecar import metrics
+from agentq.sidecar.api import AgentApi
+from agentq.sidecar.attempts import Attempts
+from agentq.sidecar.changes import Changes
+from agentq.sidecar.kubeapi import KubeApi
+from agentq.sidecar.registration import register
+from agentq.sidecar.renewer import Renewer
+from agentq.sidecar.watcher import TaskLeaseWatcher
+from agentq.sidecar.worker_lease import WorkerLeaseKeeper
+
+log = logging.getLogger("agentq.sidecar")
+
+DEFAULT_LISTEN = "127.0.0.1:8700"
+_SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message (and the traceback)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    worker: str
+    namespace: str
+    host: str
+    port: int
+    identity: str
+    kubeconfig: str | None = None
+    worker_lease_seconds: int = 15
+    shutdown_seconds: float = 5.0
+    register: dict[str, Any] | None = None  # the AgentWorker spec to create or update
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def default_namespace() -> str:
+    try:
+        return _SA_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+class Sidecar:
+    """The running sidecar: its state, loops and HTTP server."""
+
+    def __init__(self, config: SidecarConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.api = KubeApi.from_kubeconfig(config.kubeconfig)
+        self.attempts = Attempts(namespace=config.namespace, worker=config.worker)
+        self.changes = Changes()
+        self.keeper = WorkerLeaseKeeper(
+            self.api,
+            self.clock,
+            namespace=config.namespace,
+            worker=config.worker,
+            identity=config.identity,
+            duration_seconds=config.worker_lease_seconds,
+            on_acquired=self._acquired,
+            on_lost=self._lost,
+        )
+        self.watcher = TaskLeaseWatcher(
+            self.api,
+            self.clock,
+            self.attempts,
+            self.changes,
+            namespace=config.namespace,
+            worker=config.worker,
+            serve_from_rv=lambda: self.keeper.serve_from_rv,
+        )
+        self.renewer = Renewer(
+            self.api,
+            self.clock,
+            self.attempts,
+            self.changes,
+            self.keeper,
+            worker=config.worker,
+        )
+        self.agent_api = AgentApi(
+            clock=self.clock,
+            attempts=self.attempts,
+            changes=self.changes,
+            renewer=self.renewer,
+            keeper=self.keeper,
+            watcher=self.watcher,
+            worker=config.worker,
+            namespace=config.namespace,
+            identity=config.identity,
+            loops=self._dead_loops,
+        )
+        self._loops: dict[str, asyncio.Task[Any]] = {}
+        self.address = ""
+
+    def _acquired(self, serve_from_rv: int) -> None:
+        self.watcher.resume()
+        self.changes.notify()
+
+    def _lost(self, reason: str) -> None:
+        self.watcher.pause()
+        self.attempts.lose_all(f"this sidecar lost the worker Lease: {reason}")
+        self.changes.notify()
+
+    def _dead_loops(self) -> list[str]:
+        return [name for name, task in self._loops.items() if task.done()]
+
+    async def run(self, stop: asyncio.Event) -> None:
+        metrics.REGISTRY.register(metrics.ApiRequestCollector(lambda: dict(self.api.requests)))
+        runner = web.AppRunner(self.agent_api.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
+        await site.start()
+        self.address = _bound(runner, self.config.host, self.config.port)
+        print(
+            json.dumps(
+                {
+                    "event": "serving",
+                    "listen": self.address,
+                    "url": f"http://{self.address}",
+                    "worker": self.config.worker,
+                    "namespace": self.config.namespace,
+                    "identity": self.config.identity,
+                }
+            ),
+            flush=True,
+        )
+        self._loops = {
+            "worker-lease": asyncio.create_task(self.keeper.run(stop)),
+            "watch": asyncio.create_task(self.watcher.run(stop)),
+            "renewal": asyncio.create_task(self.renewer.run(stop)),
+        }
+        registration = None
+        if self.config.register is not None:
+            registration = asyncio.create_task(
+                register(
+                    self.api,
+                    namespace=self.config.namespace,
+                    worker=self.config.worker,
+                    spec=self.config.register,
+                    stop=stop,
+                )
+            )
+        try:
+            await stop.wait()
+        finally:
+            await self._shutdown(runner, registration)
+
+    async def _shutdown(
+        self, runner: web.AppRunner, registration: asyncio.Task[Any] | None
+    ) -> None:
+        budget = self.config.shutdown_seconds
+        self.agent_api.stopping = True
+        self.changes.notify()  # long-polls end; the renewal loop sees ``stop`` and returns
+        for name in ("renewal", "watch"):
+            task = self._loops.get(name)
+            if task is not None:
+                task.cancel()
+        if registration is not None:
+            registration.cancel()
+        # Writes already sent (reports the agent is waiting for) may finish.
+        await self.renewer.drain(timeout=budget * 0.4)
+        keeper = self._loops.get("worker-lease")
+        if keeper is not None:
+            keeper.cancel()
+        await asyncio.gather(*self._loops.values(), return_exceptions=True)
+        try:
+            await asyncio.wait_for(self.keeper.release(), timeout=budget * 0.4)
+        except Exception as err:  # the API server may be away: the Lease then just expires
+            log.warning("could not release the worker Lease: %r", err)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.watcher.close(), timeout=0.5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(runner.cleanup(), timeout=budget * 0.1)
+        await self.api.close()
+        log.info("stopped")
+
+
+def _bound(runner: web.AppRunner, host: str, port: int) -> str:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            bound_host, bound_port = str(address[0]), int(address[1])
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            return f"{shown}:{bound_port}"
+    return f"{host}:{port}"
+
+
+async def serve(config: SidecarConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await Sidecar(config).run(stop)
+
+
+@click.command()
+@click.option(
+    "--worker", envvar="AGENTQ_WORKER", required=True, help="AgentWorker name [AGENTQ_WORKER]"
+)
+@click.option(
+    "--namespace",
+    envvar=["AGENTQ_NAMESPACE", "POD_NAMESPACE"],
+    help="[AGENTQ_NAMESPACE, POD_NAMESPACE; default: the pod's namespace, else 'default']",
+)
+@click.option(
+    "--listen",
+    envvar="AGENTQ_SIDECAR_LISTEN",
+    default=DEFAULT_LISTEN,
+    show_default=True,
+    help="HOST:PORT of the agent API (port 0: any free port) [AGENTQ_SIDECAR_LISTEN]",
+)
+@click.option(
+    "--kubeconfig",
+    envvar="AGENTQ_KUBECONFIG",
+    help="[AGENTQ_KUBECONFIG; default: in-cluster, else $KUBECONFIG or ~/.kube/config]",
+)
+@click.option(
+    "--identity",
+    envvar=["AGENTQ_IDENTITY", "POD_NAME"],
+    help="holderIdentity of the worker Lease [AGENTQ_IDENTITY, POD_NAME; default: hostname]",
+)
+@click.option(
+    "--capabilities",
+    envvar="AGENTQ_CAPABILITIES",
+    help="register/update the AgentWorker with these capabilities (comma list) "
+    "[AGENTQ_CAPABILITIES]",
+)
+@click.option(
+    "--weight", envvar="AGENTQ_WEIGHT", type=float, help="with --capabilities [AGENTQ_WEIGHT]"
+)
+@click.option(
+    "--max-in-flight",
+    envvar="AGENTQ_MAX_IN_FLIGHT",
+    type=int,
+    help="with --capabilities [AGENTQ_MAX_IN_FLIGHT]",
+)
+@click.option(
+    "--worker-lease-seconds",
+    envvar="AGENTQ_WORKER_LEASE_SECONDS",
+    type=click.IntRange(min=2, max=3600),
+    default=15,
+    show_default=True,
+    help="duration of the worker Lease; renewed every third of it [AGENTQ_WORKER_LEASE_SECONDS]",
+)
+@click.option(
+    "--shutdown-seconds",
+    envvar="AGENTQ_SHUTDOWN_SECONDS",
+    type=click.FloatRange(min=0.5, max=60),
+    default=5.0,
+    show_default=True,
+    help="longest a SIGTERM shutdown takes [AGENTQ_SHUTDOWN_SECONDS]",
+)
+@click.option(
+    "--log-level",
+    envvar="AGENTQ_LOG_LEVEL",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]),
+)
+def sidecar(
+    worker: str,
+    namespace: str | None,
+    listen: str,
+    kubeconfig: str | None,
+    identity: str | None,
+    capabilities: str | None,
+    weight: float | None,
+    max_in_flight: int | None,
+    worker_lease_seconds: int,
+    shutdown_seconds: float,
+    log_level: str,
+) -> None:
+    """Run the heartbeat sidecar of one agent: worker Lease, task Leases, agent API."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=log_level, handlers=[handler])
+    try:
+        protocol.label_value(worker)
+    except protocol.ProtocolError as err:
+        raise click.BadParameter(str(err), param_hint="--worker") from None
+    host, port = parse_listen(listen)
+    spec: dict[str, Any] | None = None
+    if capabilities is not None:
+        wanted: dict[str, Any] = {
+            "capabilities": [c.strip() for c in capabilities.split(",") if c.strip()]
+        }
+        if weight is not None:
+            wanted["weight"] = weight
+        if max_in_flight is not None:
+            wanted["maxInFlight"] = max_in_flight
+        try:
+            AgentWorkerSpec.model_validate(wanted)
+        except ValidationError as err:
+            raise click.BadParameter(
+                f"not a valid AgentWorker spec {wanted}: {err}", param_hint="--capabilities"
+            ) from None
+        spec = wanted
+    elif weight is not None or max_in_flight is not None:
+        raise click.UsageError("--weight and --max-in-flight need --capabilities")
+    config = SidecarConfig(
+        worker=worker,
+        namespace=namespace or default_namespace(),
+        host=host,
+        port=port,
+        identity=identity or os.environ.get("HOSTNAME") or socket.gethostname(),
+        kubeconfig=kubeconfig,
+        worker_lease_seconds=worker_lease_seconds,
+        shutdown_seconds=shutdown_seconds,
+        register=spec,
+    )
+    asyncio.run(serve(config))

@@ -1,0 +1,321 @@
+"""Keeps the worker Lease ``agentq-worker-<worker>``: the worker's readiness, and the
+lock that makes this sidecar the only one serving the worker's task Leases.
+
+- Created with the labels the operator selects on (``agentq.dev/lease=worker``,
+  ``agentq.dev/worker=<worker>``) and ``holderIdentity`` = this sidecar's identity
+  (its pod name); a Lease of that name without those labels gets them on our write.
+- Renewed every third of its duration with ONE request: a replace carrying the
+  resourceVersion of our last write's response. On 409 it is read again once.
+- Held by another identity: we wait, as client-go's leader election does, until we
+  have seen its record unchanged for its whole duration on our monotonic clock (or
+  it was released), then take it over with a compare-and-swap. Task Leases that
+  exist at that moment are not ours to serve (``serve_from_rv``): the previous
+  holder's agent may still be working on them with the same fencing token.
+  Taking over from our own identity (a restarted sidecar container in the same
+  pod) adopts them: the agent beside us is the same.
+- ``held(now)``: our last successful write is younger than the Lease's duration.
+  Task Leases are renewed only while this holds, so a sidecar that was frozen or
+  cut off first proves it still holds the worker Lease before renewing anything.
+- ``release()`` on shutdown: a replace with ``holderIdentity`` cleared (and a
+  one-second duration, as client-go's ReleaseOnCancel writes), so the operator
+  stops dispatching to the worker at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from agentq import protocol
+from agentq.clock import Clock, micro_rfc3339
+from agentq.expiry import LeaseRecord, LeaseTracker
+from agentq.sidecar.attempts import slim
+from agentq.sidecar.kubeapi import ApiError, Backoff, KubeApi, lease_path
+
+log = logging.getLogger("agentq.sidecar.worker_lease")
+
+Body = dict[str, Any]
+
+
+class WorkerLeaseKeeper:
+    def __init__(
+        self,
+        api: KubeApi,
+        clock: Clock,
+        *,
+        namespace: str,
+        worker: str,
+        identity: str,
+        duration_seconds: int,
+        on_acquired: Callable[[int], None],
+        on_lost: Callable[[str], None],
+    ) -> None:
+        self.api = api
+        self.clock = clock
+        self.namespace = namespace
+        self.worker = worker
+        self.identity = identity
+        self.duration = duration_seconds
+        self.name = protocol.worker_lease_name(worker)
+        self.on_acquired = on_acquired
+        self.on_lost = on_lost
+        self.lease: Body | None = None  # our last write's response
+        self.confirmed_at: float | None = None  # when that write was sent (monotonic)
+        self.holding = False
+        self.serve_from_rv = 0
+        self.other_holder: str | None = None
+        self._tracker = LeaseTracker()
+        self.renewals = 0
+
+    # -- state --------------------------------------------------------------------------
+
+    def held(self, now: float) -> bool:
+        return (
+            self.holding
+            and self.confirmed_at is not None
+            and now - self.confirmed_at < self.duration
+        )
+
+    def describe(self) -> str:
+        if self.holding:
+            return f"holding the worker Lease {self.namespace}/{self.name}"
+        if self.other_holder:
+            return (
+                f"waiting for the worker Lease {self.namespace}/{self.name}, "
+                f"held by {self.other_holder}, to be released or to expire"
+            )
+        return f"acquiring the worker Lease {self.namespace}/{self.name}"
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(initial=0.2, maximum=max(0.5, self.duration / 3))
+        while not stop.is_set():
+            try:
+                await self.step()
+                backoff.reset()
+                delay = self.duration / 3
+            except ApiError as err:
+                log.warning("worker Lease %s: %s", self.name, err)
+                delay = backoff.next()
+            except Exception:  # never let the keeper die: the pod would look alive but idle
+                log.exception("worker Lease %s: unexpected error", self.name)
+                delay = backoff.next()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)
+
+    async def step(self) -> None:
+        """One round: renew the Lease we hold, or try to acquire it."""
+        if self.holding and self.lease is not None:
+            await self._renew()
+        else:
+            await self._acquire()
+
+    # -- acquiring -------------------------------------------------------------------------
+
+    async def _acquire(self) -> None:
+        now = self.clock.monotonic()
+        try:
+            current = await self.api.request(
+                "GET", lease_path(self.namespace, self.name), resource="leases"
+            )
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            await self._create()
+            return
+        spec = current.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        if holder and holder != self.identity:
+            record = LeaseRecord(
+                holder=holder,
+                renew_time=str((current.get("metadata") or {}).get("resourceVersion")),
+                duration=float(spec.get("leaseDurationSeconds") or self.duration),
+            )
+            self._tracker.observe(self.name, record, now)
+            if not self._tracker.expired(self.name, now):
+                if self.other_holder != holder:
+                    log.info("worker Lease %s is held by %s; waiting", self.name, holder)
+                self.other_holder = holder
+                return
+        await self._take(current, adopt=holder == self.identity)
+
+    async def _create(self) -> None:
+        now = micro_rfc3339(self.clock.now())
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self._labels()},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": self.duration,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        sent = self.clock.monotonic()
+        try:
+            created = await self.api.request(
+                "POST", lease_path(self.namespace), body=body, resource="leases"
+            )
+        except ApiError as err:
+            if err.status == 409:
+                return  # someone created it in between: the next round reads it
+            raise
+        self._acquired(created, sent, serve_from_rv=0)
+
+    async def _take(self, current: Body, *, adopt: bool) -> None:
+        body = copy.deepcopy(current)
+        body["metadata"].pop("managedFields", None)
+        body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        now = micro_rfc3339(self.clock.now())
+        spec = body.setdefault("spec", {})
+        if spec.get("holderIdentity") != self.identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec["holderIdentity"] = self.identity
+        spec["leaseDurationSeconds"] = self.duration
+        spec["renewTime"] = now
+        sent = self.clock.monotonic()
+        try:
+            written = await self.api.request(
+                "PUT", lease_path(self.namespace, self.name), body=body, resource="leases"
+            )
+        except ApiError as err:
+            if err.status in (404, 409):
+                return  # changed or gone in between: the next round decides again
+            raise
+        # Adopting our own (same pod): serve every task Lease. Otherwise only those
+        # written after this takeover.
+        serve_from = 0 if adopt else _rv(written)
+        self._acquired(written, sent, serve_from_rv=serve_from)
+
+    def _acquired(self, lease: Body, sent: float, *, serve_from_rv: int) -> None:
+        self.lease = slim(lease)
+        self.confirmed_at = sent
+        self.holding = True
+        self.other_holder = None
+        self.serve_from_rv = serve_from_rv
+        self._tracker.forget(self.name)
+        log.info(
+            "acquired worker Lease %s as %s (serving task Leases newer than rv %s)",
+            self.name,
+            self.identity,
+            serve_from_rv,
+        )
+        self.on_acquired(serve_from_rv)
+
+    # -- renewing ---------------------------------------------------------------------------
+
+    async def _renew(self) -> None:
+        assert self.lease is not None
+        body = self._renewed(self.lease)
+        sent = self.clock.monotonic()
+        try:
+            written = await self.api.request(
+                "PUT", lease_path(self.namespace, self.name), body=body, resource="leases"
+            )
+        except ApiError as err:
+            if err.status == 404:
+                self._lose("the worker Lease was deleted")
+                return
+            if err.status != 409:
+                raise
+            again = await self._renew_after_conflict()
+            if again is None:
+                return
+            written = again
+        self.lease = slim(written)
+        self.confirmed_at = sent
+        self.renewals += 1
+
+    async def _renew_after_conflict(self) -> Body | None:
+        try:
+            current = await self.api.request(
+                "GET", lease_path(self.namespace, self.name), resource="leases"
+            )
+        except ApiError as err:
+            if err.status == 404:
+                self._lose("the worker Lease was deleted")
+                return None
+            raise
+        holder = current_holder(current)
+        if holder != self.identity:
+            self._lose(f"the worker Lease is now held by {holder or 'nobody'}")
+            return None
+        written: Body = await self.api.request(
+            "PUT",
+            lease_path(self.namespace, self.name),
+            body=self._renewed(current),
+            resource="leases",
+        )
+        return written
+
+    def _renewed(self, lease: Body) -> Body:
+        body = copy.deepcopy(lease)
+        body["metadata"].pop("managedFields", None)
+        body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = self.identity
+        spec["leaseDurationSeconds"] = self.duration
+        spec["renewTime"] = micro_rfc3339(self.clock.now())
+        return body
+
+    def _lose(self, reason: str) -> None:
+        if self.holding:
+            log.warning("lost worker Lease %s: %s", self.name, reason)
+        self.holding = False
+        self.lease = None
+        self.confirmed_at = None
+        self.on_lost(reason)
+
+    # -- releasing --------------------------------------------------------------------------
+
+    async def release(self) -> bool:
+        """Clear ``holderIdentity`` if we hold the Lease; True if released."""
+        if not self.holding or self.lease is None:
+            return False
+        self.holding = False
+        body = copy.deepcopy(self.lease)
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = None
+        spec["leaseDurationSeconds"] = 1
+        spec["renewTime"] = micro_rfc3339(self.clock.now())
+        path = lease_path(self.namespace, self.name)
+        try:
+            await self.api.request("PUT", path, body=body, resource="leases")
+        except ApiError as err:
+            if err.status != 409:
+                log.warning("could not release worker Lease %s: %s", self.name, err)
+                return False
+            current = await self.api.request("GET", path, resource="leases")
+            if current_holder(current) != self.identity:
+                return False
+            current["spec"]["holderIdentity"] = None
+            current["spec"]["leaseDurationSeconds"] = 1
+            await self.api.request("PUT", path, body=current, resource="leases")
+        log.info("released worker Lease %s", self.name)
+        return True
+
+    def _labels(self) -> dict[str, str]:
+        return {
+            protocol.LABEL_LEASE_KIND: "worker",
+            protocol.LABEL_WORKER: protocol.label_value(self.worker),
+        }
+
+
+def current_holder(lease: Body) -> str | None:
+    holder = (lease.get("spec") or {}).get("holderIdentity")
+    return str(holder) if holder else None
+
+
+def _rv(body: Body) -> int:
+    try:
+        return int(str((body.get("metadata") or {}).get("resourceVersion")))
+    except ValueError:
+        return 0

@@ -1,0 +1,135 @@
+"""agentq.agent, the agent's client, against a tiny fake sidecar (a local HTTP server
+of the test's own, answering as the real one does): heartbeats from a background
+thread, LeaseLost raised in the agent when fenced."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from agentq.agent import Assignment, LeaseLost, SidecarClient, SidecarUnavailable
+
+
+class FakeSidecar:
+    def __init__(self) -> None:
+        self.beats: list[dict[str, Any]] = []
+        self.lost_after: int | None = None  # answer 409 from this beat on
+        self.reports: list[tuple[str, dict[str, Any]]] = []
+        self.remaining = 30.0
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: dict[str, Any]) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self) -> None:
+                self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self.path.endswith("/heartbeat"):
+                    fake.beats.append(body)
+                    if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
+                        self._answer(409, {"error": "LeaseLost", "message": "reclaimed"})
+                        return
+                    self._answer(200, {**ASSIGNMENT, "leaseRemainingSeconds": fake.remaining})
+                    return
+                fake.reports.append((self.path.rsplit("/", 1)[-1], body))
+                if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
+                    self._answer(409, {"error": "LeaseLost", "message": "reclaimed"})
+                    return
+                self._answer(200, {"task": "job", "token": 41, "state": "reported"})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+ASSIGNMENT = {
+    "task": "job",
+    "namespace": "ns",
+    "worker": "w",
+    "token": 41,
+    "attempt": 2,
+    "payload": {"q": 1},
+    "leaseDurationSeconds": 0.9,
+    "heartbeatIntervalSeconds": 0.3,
+    "leaseDeadline": "2030-01-01T00:00:00Z",
+    "state": "active",
+}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeSidecar]:
+    sidecar = FakeSidecar()
+    yield sidecar
+    sidecar.close()
+
+
+def test_assignments_are_listed_and_held_with_background_beats(fake: FakeSidecar) -> None:
+    client = SidecarClient(fake.url)
+    version, items = client.list()
+    assert version == 1 and items[0] == Assignment.of(ASSIGNMENT)
+    with client.hold(items[0]) as lease:
+        lease.progress("one")
+        time.sleep(0.5)  # beats every 0.1 s (a third of the interval)
+        lease.complete({"ok": True})
+    assert len(fake.beats) >= 3
+    assert {"token": 41, "progress": "one"} in fake.beats
+    assert fake.reports == [("complete", {"token": 41, "result": {"ok": True}})]
+
+
+def test_a_409_makes_the_next_call_raise_lease_lost(fake: FakeSidecar) -> None:
+    fake.lost_after = 3
+    client = SidecarClient(fake.url)
+    with pytest.raises(LeaseLost), client.hold(Assignment.of(ASSIGNMENT)) as lease:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            lease.progress("working")  # raises once the heartbeat thread saw the 409
+            time.sleep(0.05)
+    with pytest.raises(LeaseLost):
+        client.complete("job", 41)  # and the sidecar says so too
+
+
+def test_interrupt_raises_lease_lost_inside_pure_python_work(fake: FakeSidecar) -> None:
+    fake.lost_after = 2
+    client = SidecarClient(fake.url)
+    started = time.monotonic()
+    with pytest.raises(LeaseLost), client.hold(Assignment.of(ASSIGNMENT), interrupt=True):
+        while time.monotonic() - started < 10:  # busy work that never checks
+            sum(range(1000))
+    assert time.monotonic() - started < 5
+
+
+def test_an_unreachable_sidecar_past_the_deadline_is_presumed_lost(fake: FakeSidecar) -> None:
+    client = SidecarClient(fake.url, timeout=0.5)
+    fake.remaining = 0.9
+    with client.hold(Assignment.of(ASSIGNMENT)) as lease:
+        fake.close()  # the sidecar vanishes (frozen, cut off)
+        deadline = time.monotonic() + 10
+        with pytest.raises(LeaseLost) as lost:
+            while time.monotonic() < deadline:
+                lease.check()
+                time.sleep(0.05)
+        assert lost.value.code == "LeaseDeadlinePassed"
+    with pytest.raises(SidecarUnavailable):
+        client.list()
