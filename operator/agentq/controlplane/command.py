@@ -93,11 +93,14 @@ def status(state_dir: Path | None, as_json: bool) -> None:
 
 
 @cluster.command()
-def build() -> None:
+@click.option("--node", is_flag=True, help="Also the local node's kubelet, scheduler and pause.")
+def build(node: bool) -> None:
     """Build (or find) the control-plane binaries and print where they are."""
     click.echo(f"# etcd {ETCD_VERSION}, Kubernetes {KUBERNETES_VERSION}", err=True)
     try:
         paths = binaries.resolve(build=True, say=_say)
+        if node:
+            paths |= binaries.resolve(build=True, say=_say, binary_set=binaries.NODE)
     except binaries.BinaryError as err:
         raise click.ClickException(str(err)) from err
     for name, path in paths.items():
