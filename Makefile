@@ -7,13 +7,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane check lint typecheck imports unit integration test bench demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node check lint typecheck imports unit integration test bench demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
 	@echo "make demo     run agentq on the embedded control plane"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
+	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,18 @@ system-deps:
 # module proxy once per machine (cached outside the repo), or finds them.
 controlplane: venv
 	$(BIN)/agentq cluster build
+
+# The local node (`agentq cluster up --node`, `make e2e`): Debian's containerd,
+# runc, CNI plugins and iptables/nftables, and for building images Debian's
+# dockerd and debootstrap (installed as root with apt-get; no service is started).
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables nftables docker.io debootstrap
+
+node-deps:
+	@e2e/node/install-deps.sh $(NODE_PACKAGES)
+
+# kubelet, kube-scheduler and the pause program, built like the control plane.
+node: venv node-deps controlplane
+	$(BIN)/agentq cluster build --node
 
 lint: venv
 	$(BIN)/ruff check operator tests bench

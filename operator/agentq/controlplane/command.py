@@ -37,12 +37,25 @@ def cluster() -> None:
 @click.option("--port", type=int, default=None, help="API server port [default: a free one]")
 @click.option("--timeout", type=float, default=180.0, show_default=True, help="Seconds to wait.")
 @click.option("--no-build", is_flag=True, help="Fail instead of building missing binaries.")
-def up(state_dir: Path | None, port: int | None, timeout: float, no_build: bool) -> None:
+@click.option(
+    "--node",
+    "with_node",
+    is_flag=True,
+    help="Also run a local node (containerd, kubelet, kube-scheduler) so pods run; "
+    "needs root. See docs/install.md for what it changes on the host.",
+)
+def up(
+    state_dir: Path | None, port: int | None, timeout: float, no_build: bool, with_node: bool
+) -> None:
     """Start the control plane (builds the binaries the first time) and wait until ready."""
     try:
-        state = Cluster(state_dir).up(port=port, build=not no_build, timeout=timeout, say=_say)
+        state = Cluster(state_dir).up(
+            port=port, build=not no_build, timeout=timeout, with_node=with_node, say=_say
+        )
     except (ClusterError, binaries.BinaryError) as err:
         raise click.ClickException(str(err)) from err
+    if state.node:
+        click.echo(f"# node {state.node['name']} Ready (pods run on it)")
     click.echo(f"# control plane ready at {state.server}; to use it:")
     _print_env(state.kubeconfig, state.bin_dir)
 
@@ -50,7 +63,11 @@ def up(state_dir: Path | None, port: int | None, timeout: float, no_build: bool)
 @cluster.command()
 @state_dir_option
 def down(state_dir: Path | None) -> None:
-    """Stop every process the control plane started and remove its state."""
+    """Stop every process the control plane started and remove its state.
+
+    With a local node: also its pods, and every change it made to the host
+    (bridge, iptables rules, sysctls, mounts, cgroups, directories), each named.
+    """
     try:
         stopped = Cluster(state_dir).down(say=_say)
     except ClusterError as err:
