@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node check lint typecheck imports unit integration test bench demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image check lint typecheck imports unit integration test bench demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
@@ -15,6 +15,7 @@ help:
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
+	@echo "make image    build the agentq image (private dockerd, local Debian base)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,12 @@ node-deps:
 # kubelet, kube-scheduler and the pause program, built like the control plane.
 node: venv node-deps controlplane
 	$(BIN)/agentq cluster build --node
+
+# The agentq image, built with a private dockerd on a local Debian base (no
+# registry needed), saved to ~/.cache/agentq/images/agentq-dev.tar and imported
+# into the local node if one runs.
+image: venv node-deps
+	$(BIN)/agentq cluster image
 
 lint: venv
 	$(BIN)/ruff check operator tests bench

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from agentq.controlplane import binaries
+from agentq.controlplane import binaries, host, node
 from agentq.controlplane.cluster import Cluster, ClusterError, default_state_dir
 from agentq.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
 
@@ -122,6 +123,54 @@ def build(node: bool) -> None:
         raise click.ClickException(str(err)) from err
     for name, path in paths.items():
         click.echo(f"{name}\t{path}")
+
+
+@cluster.command()
+@click.option("--tag", default="agentq:dev", show_default=True, help="Image name and tag.")
+@click.option(
+    "--context",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Directory with the Dockerfile [default: this checkout].",
+)
+@click.option("--no-load", is_flag=True, help="Do not import it into the running local node.")
+@state_dir_option
+def image(tag: str, context: Path | None, no_load: bool, state_dir: Path | None) -> None:
+    """Build the agentq image with a private dockerd (no registry needed), save it to a
+    tarball, and import it into the local node if one runs (needs root)."""
+    from agentq.controlplane import imagebuild
+
+    try:
+        archive = imagebuild.build(context or binaries.source_dir().parents[1], tag=tag, say=_say)
+    except (imagebuild.ImageError, host.HostError) as err:
+        raise click.ClickException(str(err)) from err
+    click.echo(str(archive))
+    if not no_load and Cluster(state_dir).load() is not None:
+        _load(archive, state_dir)
+
+
+@cluster.command()
+@click.argument("archive", type=click.Path(dir_okay=False, exists=True, path_type=Path))
+@state_dir_option
+def load(archive: Path, state_dir: Path | None) -> None:
+    """Import an image archive (docker save) into the local node's containerd."""
+    _load(archive, state_dir)
+
+
+def _load(archive: Path, state_dir: Path | None) -> None:
+    state = Cluster(state_dir).load()
+    if state is None or not state.node or "containerd_socket" not in state.node:
+        raise click.ClickException(
+            "no local node is running; start one with 'agentq cluster up --node'"
+        )
+    local = node.LocalNode(Path(state.state_dir))
+    node_state = node.NodeState(**state.node)
+    started = time.monotonic()
+    try:
+        local.import_image(node_state, archive)
+    except (node.NodeError, host.HostError) as err:
+        raise click.ClickException(str(err)) from err
+    _say(f"imported {archive} into the node's containerd in {time.monotonic() - started:.0f} s")
 
 
 def _print_env(kubeconfig: str, bin_dir: str) -> None:

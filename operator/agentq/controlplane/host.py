@@ -265,9 +265,21 @@ class Journal:
 
     # -- changes, each journaled before it is made ----------------------------------------
 
-    def process(self, name: str, pid: int, executable: str, **extra: Any) -> None:
-        """A process we started (recorded right after the start, with its pid)."""
-        self.record({"kind": "process", "name": name, "pid": pid, "exe": executable, **extra})
+    def process(
+        self, name: str, pid: int, executable: str, *, stop_after: str = "", **extra: Any
+    ) -> None:
+        """A process we started (recorded right after the start, with its pid).
+
+        ``stop_after``: the name of a process that must stop first (a daemon that
+        would restart this child of it).
+        """
+        entry = {"kind": "process", "name": name, "pid": pid, "exe": executable, **extra}
+        if stop_after:
+            index = next(i for i, e in enumerate(self.entries) if e.get("name") == stop_after)
+            self.entries.insert(index, entry)
+            self._save()
+        else:
+            self.record(entry)
 
     def watch_path(self, path: str | Path, *, mode: str = "tree") -> None:
         """``path`` may be created from now on; undo removes it if it did not exist.
