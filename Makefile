@@ -79,8 +79,9 @@ unit: venv
 integration: venv system-deps controlplane
 	$(BIN)/pytest tests/integration
 
+# tests/node (real pods on a local node) run in `make e2e`.
 test: venv system-deps controlplane check
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not node"
 
 bench: venv
 	$(BIN)/python bench/scheduler_bench.py
