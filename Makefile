@@ -62,8 +62,8 @@ image: venv node-deps
 	$(BIN)/agentq cluster image
 
 lint: venv
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator tests bench e2e
+	$(BIN)/ruff format --check operator tests bench e2e
 
 typecheck: venv
 	$(BIN)/mypy

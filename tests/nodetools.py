@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -29,3 +30,14 @@ def agentq(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
         check=False,
         env={k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
     )
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A cluster with real pods, for the e2e scenario (e2e/conftest.py makes one)."""
+
+    kubeconfig: str
+    kubectl: str
+    ctr: tuple[str, ...]  # runs ctr against the node's containerd ("-n k8s.io ..." follows)
+    image: str
+    pull_policy: str
