@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import pytest
 import yaml
 from kubernetes import client, config
 
@@ -122,6 +123,7 @@ def phase(task: dict[str, Any]) -> str:
     return str((task.get("status") or {}).get("phase", ""))
 
 
+@pytest.mark.timeout(1800)
 def test_agentq_on_real_pods(platform: Platform) -> None:
     k = Cluster(platform)
     say(f"installing the kustomize base with image {platform.image}")
