@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image check lint typecheck imports unit integration test bench demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test bench demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
@@ -16,6 +16,7 @@ help:
 	@echo "make check    ruff, mypy, import-linter"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
+	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +61,12 @@ node: venv node-deps controlplane
 # into the local node if one runs.
 image: venv node-deps
 	$(BIN)/agentq cluster image
+
+# Real pods on a local node (root): tests/node (node lifecycle, crash recovery, the
+# image as non-root) and the e2e scenario (e2e/test_scenario.py), each leaving the
+# host as it found it. Builds what it needs first (packages, kubelet, image).
+e2e: venv node image
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
 
 lint: venv
 	$(BIN)/ruff check operator tests bench e2e
