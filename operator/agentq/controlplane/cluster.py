@@ -418,7 +418,7 @@ class Cluster:
         if state.node is not None:
             journal = host.Journal("node")
             # Only this cluster's node: the journal is machine-wide.
-            if journal.load() and journal.owner == str(self.state_dir):
+            if journal.load() and journal.owner == str(self.state_dir.resolve()):
                 try:
                     with journal.locked():
                         node.LocalNode(self.state_dir, journal=journal).stop(say)

@@ -320,9 +320,10 @@ class LocalNode:
     """Starts and stops the node whose files live in ``<state_dir>/node``."""
 
     def __init__(self, state_dir: Path, *, journal: host.Journal | None = None) -> None:
-        self.state_dir = state_dir
-        self.directory = state_dir / "node"
-        self.log_dir = state_dir / "logs"
+        # Absolute: the machine-wide journal names its owner by this path.
+        self.state_dir = state_dir.resolve()
+        self.directory = self.state_dir / "node"
+        self.log_dir = self.state_dir / "logs"
         self.journal = journal or host.Journal("node")
 
     # -- crash recovery --------------------------------------------------------------------
