@@ -393,9 +393,9 @@ class Journal:
                 f"{self.path} is kept; fix and run down again):\n  " + "\n  ".join(failures)
             )
         self.path.unlink(missing_ok=True)
-        if any(e["kind"] == "path" and e.get("path") == str(self.directory) for e in self.entries):
-            with contextlib.suppress(OSError):
-                self.directory.rmdir()  # only if no other journal lives there
+        # agentq's own directory, whoever made it: gone once no journal lives there.
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
         self.entries = []
 
     def processes_alive(self) -> list[str]:
