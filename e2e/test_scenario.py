@@ -124,6 +124,8 @@ def phase(task: dict[str, Any]) -> str:
 
 @pytest.mark.timeout(1800)
 def test_agentq_on_real_pods(platform: Platform) -> None:
+    global _started
+    _started = time.monotonic()
     k = Cluster(platform)
     say(f"installing the kustomize base with image {platform.image}")
     k.apply(install_base(platform.kubectl, image=platform.image))
