@@ -49,7 +49,7 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
         assert "delete" not in rule["verbs"]
         assert not any(r.endswith("/status") for r in rule["resources"])
         if "agenttasks" in rule["resources"]:
-            assert set(rule["verbs"]) == {"get", "list", "watch"}
+            assert set(rule["verbs"]) == {"get"}
 
 
 def test_agent_base_runs_the_sidecar_as_a_native_sidecar(control_plane: ControlPlane) -> None:
