@@ -7,13 +7,16 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane check lint typecheck imports unit integration test bench demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test bench demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
 	@echo "make demo     run agentq on the embedded control plane"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
+	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
+	@echo "make image    build the agentq image (private dockerd, local Debian base)"
+	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,9 +53,33 @@ system-deps:
 controlplane: venv
 	$(BIN)/agentq cluster build
 
+# The local node (`agentq cluster up --node`, `make e2e`): Debian's containerd,
+# runc, CNI plugins and iptables/nftables, and for building images Debian's
+# dockerd and debootstrap (installed as root with apt-get; no service is started).
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables nftables docker.io debootstrap
+
+node-deps:
+	@e2e/node/install-deps.sh $(NODE_PACKAGES)
+
+# kubelet, kube-scheduler and the pause program, built like the control plane.
+node: venv node-deps controlplane
+	$(BIN)/agentq cluster build --node
+
+# The agentq image, built with a private dockerd on a local Debian base (no
+# registry needed), saved to ~/.cache/agentq/images/agentq-dev.tar and imported
+# into the local node if one runs.
+image: venv node-deps
+	$(BIN)/agentq cluster image
+
+# Real pods on a local node (root): tests/node (node lifecycle, crash recovery, the
+# image as non-root) and the e2e scenario (e2e/test_scenario.py), each leaving the
+# host as it found it. Builds what it needs first (packages, kubelet, image).
+e2e: venv node image
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
+
 lint: venv
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator tests bench e2e
+	$(BIN)/ruff format --check operator tests bench e2e
 
 typecheck: venv
 	$(BIN)/mypy
@@ -68,8 +95,9 @@ unit: venv
 integration: venv system-deps controlplane
 	$(BIN)/pytest tests/integration
 
+# tests/node (real pods on a local node) run in `make e2e`.
 test: venv system-deps controlplane check
-	$(BIN)/pytest
+	$(BIN)/pytest -m "not node"
 
 bench: venv
 	$(BIN)/python bench/scheduler_bench.py

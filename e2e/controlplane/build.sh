@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kubectl from the
-# Go module proxy with the machine's Go toolchain, into DEST (one directory
-# per Kubernetes version, so the build happens once per machine).
+# Builds a set of Kubernetes binaries from the Go module proxy with the
+# machine's Go toolchain, into DEST (one directory per version and set, so each
+# build happens once per machine).
 #
-# usage: build.sh DEST
+# usage: build.sh DEST [SET]
+#   SET controlplane (default): etcd, kube-apiserver, kube-controller-manager, kubectl
+#   SET node: kubelet, kube-scheduler and pause (the sandbox program of the local
+#             node of `agentq cluster up --node`)
 # The versions are the ones pinned in ./kubernetes/go.mod and ./etcd/go.mod.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dest=${1:?usage: build.sh DEST}
+dest=${1:?usage: build.sh DEST [controlplane|node]}
+set_name=${2:-controlplane}
 command -v go >/dev/null || { echo "build.sh: 'go' is not on PATH; install Go >= 1.26" >&2; exit 3; }
+case "$set_name" in
+  controlplane) k8s_cmds="kube-apiserver kube-controller-manager kubectl" ;;
+  node) k8s_cmds="kubelet kube-scheduler" ;;
+  *) echo "build.sh: unknown set '$set_name' (controlplane or node)" >&2; exit 2 ;;
+esac
 
 k8s_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/kubernetes/go.mod")
 etcd_version=$(awk '$1=="require" && $2=="go.etcd.io/etcd/server/v3" {print $3}' "$here/etcd/go.mod")
@@ -26,13 +35,21 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
-echo "building etcd $etcd_version"
-(cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
-for cmd in kube-apiserver kube-controller-manager kubectl; do
+if [ "$set_name" = controlplane ]; then
+  echo "building etcd $etcd_version"
+  (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
+fi
+for cmd in $k8s_cmds; do
   echo "building $cmd $k8s_version"
   (cd "$here/kubernetes" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd")
 done
-printf 'kubernetes=%s\netcd=%s\n' "$k8s_version" "$etcd_version" > "$tmp/VERSIONS"
+if [ "$set_name" = node ]; then
+  echo "building pause"
+  (cd "$here/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
+  printf 'kubernetes=%s\n' "$k8s_version" > "$tmp/VERSIONS"
+else
+  printf 'kubernetes=%s\netcd=%s\n' "$k8s_version" "$etcd_version" > "$tmp/VERSIONS"
+fi
 rm -rf "$dest"
 mkdir -p "$(dirname "$dest")"
 mv "$tmp" "$dest"

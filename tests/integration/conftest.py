@@ -72,6 +72,16 @@ def agentq_crds(control_plane: ControlPlane) -> None:
     )
 
 
+@pytest.fixture(scope="session")
+def agentq_installed(control_plane: ControlPlane, agentq_crds: None) -> None:
+    """manifests/ (CRDs, namespace, RBAC, the admission policy), without the operator's
+    Deployment: its pods could not run on a control plane without a node."""
+    from manifests import install_base, to_yaml
+
+    objects = [o for o in install_base(control_plane.kubectl_path) if o["kind"] != "Deployment"]
+    control_plane.kubectl("apply", "-f", "-", input=to_yaml(objects))
+
+
 @pytest.fixture
 def fleet(
     control_plane: ControlPlane, agentq_crds: None, namespace: str, tmp_path: Path

@@ -61,3 +61,22 @@ def test_kubebuilder_assets_win(empty_cache: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("KUBEBUILDER_ASSETS", str(assets))
     found = binaries.resolve(build=False)
     assert found == {name: assets / name for name in binaries.BINARIES}
+
+
+def test_node_binaries_are_a_set_of_their_own(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(empty_cache / "no-bin"))
+    assert binaries.NODE.cache_dir() != binaries.CONTROL_PLANE.cache_dir()
+    with pytest.raises(binaries.BinaryError) as err:
+        binaries.resolve(build=False, binary_set=binaries.NODE)
+    assert "missing node binaries kubelet, kube-scheduler, pause" in str(err.value)
+    assert "agentq cluster build --node" in str(err.value)
+
+
+def test_build_script_knows_the_node_set() -> None:
+    script = (binaries.source_dir() / "build.sh").read_text()
+    assert 'node) k8s_cmds="kubelet kube-scheduler"' in script
+    go_mod = (binaries.source_dir() / "kubernetes" / "go.mod").read_text()
+    for cmd in ("kubelet", "kube-scheduler"):
+        assert f"k8s.io/kubernetes/cmd/{cmd}\n" in go_mod

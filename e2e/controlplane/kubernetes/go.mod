@@ -1,5 +1,7 @@
 // Wrapper module: builds kube-apiserver, kube-controller-manager and kubectl
-// at one pinned Kubernetes version from the Go module proxy.
+// (the control plane) and kubelet and kube-scheduler (the local node, for
+// `agentq cluster up --node`) at one pinned Kubernetes version from the Go
+// module proxy.
 // k8s.io/kubernetes replaces its staging modules with ./staging/...; a module
 // that depends on it must pin each one to the matching published v0.X.Y.
 module agentq.dev/controlplane/kubernetes
@@ -108,6 +110,7 @@ require (
 	go.etcd.io/etcd/client/pkg/v3 v3.6.8 // indirect
 	go.etcd.io/etcd/client/v3 v3.6.8 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/contrib/instrumentation/github.com/emicklei/go-restful/otelrestful v0.65.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.65.0 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.65.0 // indirect
 	go.opentelemetry.io/otel v1.41.0 // indirect
@@ -153,6 +156,7 @@ require (
 	k8s.io/controller-manager v0.36.5 // indirect
 	k8s.io/cri-api v0.36.5 // indirect
 	k8s.io/cri-client v0.0.0 // indirect
+	k8s.io/cri-streaming v0.0.0 // indirect
 	k8s.io/csi-translation-lib v0.0.0 // indirect
 	k8s.io/dynamic-resource-allocation v0.36.5 // indirect
 	k8s.io/endpointslice v0.0.0 // indirect
@@ -220,5 +224,7 @@ replace (
 tool (
 	k8s.io/kubernetes/cmd/kube-apiserver
 	k8s.io/kubernetes/cmd/kube-controller-manager
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kubelet
 )

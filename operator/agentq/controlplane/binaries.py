@@ -6,6 +6,10 @@ per-version cache directory, which ``e2e/controlplane/build.sh`` fills from the
 Go module proxy with the machine's Go toolchain. The cache lives outside the
 repository (``$AGENTQ_CACHE_DIR``, default ``$XDG_CACHE_HOME/agentq`` or
 ``~/.cache/agentq``) so a fresh clone reuses a build made by an earlier one.
+
+Two sets are built apart, each into its own cache directory: the control plane
+(always needed) and the local node's kubelet, scheduler and pause program
+(only for ``agentq cluster up --node``), so the tests never wait for a kubelet.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentq.controlplane.versions import (
     BINARIES,
     ETCD_VERSION,
     KUBERNETES_VERSION,
+    NODE_BINARIES,
     expected_version,
 )
 
@@ -39,9 +45,39 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "agentq"
 
 
+@dataclass(frozen=True)
+class BinarySet:
+    """Binaries built together by one ``build.sh DEST SET`` into one cache directory."""
+
+    name: str  # build.sh's SET argument
+    what: str  # for messages: "control-plane binaries", "the control plane"
+    title: str
+    binaries: dict[str, tuple[str, ...]]
+    directory: str  # the cache directory's name (versions included)
+
+    def cache_dir(self) -> Path:
+        return cache_root() / "controlplane" / self.directory
+
+
+CONTROL_PLANE = BinarySet(
+    name="controlplane",
+    what="control-plane binaries",
+    title="the control plane",
+    binaries=BINARIES,
+    directory=f"{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}",
+)
+NODE = BinarySet(
+    name="node",
+    what="node binaries",
+    title="the local node (kubelet, kube-scheduler, pause)",
+    binaries=NODE_BINARIES,
+    directory=f"{KUBERNETES_VERSION}-node",
+)
+
+
 def cache_dir() -> Path:
-    """The directory holding the binaries of the pinned versions."""
-    return cache_root() / "controlplane" / f"{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+    """The directory holding the control-plane binaries of the pinned versions."""
+    return CONTROL_PLANE.cache_dir()
 
 
 def source_dir() -> Path:
@@ -57,7 +93,7 @@ def reported_version(path: Path, binary: str) -> str:
     """What ``path`` says its version is ('' if it cannot say)."""
     try:
         done = subprocess.run(
-            [str(path), *BINARIES[binary]],
+            [str(path), *{**BINARIES, **NODE_BINARIES}[binary]],
             capture_output=True,
             text=True,
             timeout=20,
@@ -80,27 +116,39 @@ def _found_elsewhere(binary: str) -> Path | None:
     return None
 
 
-def resolve(*, build: bool = True, say: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Map every control-plane binary name to an executable of the pinned version.
+def resolve(
+    *,
+    build: bool = True,
+    say: Callable[[str], None] | None = None,
+    binary_set: BinarySet = CONTROL_PLANE,
+) -> dict[str, Path]:
+    """Map every binary of ``binary_set`` to an executable of the pinned version.
 
     Builds into the cache when something is missing and ``build`` is true (this
     takes a long while the first time on a small machine); otherwise raises
     ``BinaryError`` naming what is missing.
     """
-    found = {name: _found_elsewhere(name) for name in BINARIES}
-    cached = cache_dir()
+    found = {name: _found_elsewhere(name) for name in binary_set.binaries}
+    cached = binary_set.cache_dir()
     missing = [n for n, p in found.items() if p is None and not (cached / n).is_file()]
     if missing:
         if not build:
+            flag = " --node" if binary_set is NODE else ""
             raise BinaryError(
-                f"missing control-plane binaries {', '.join(missing)} "
-                f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached}); run 'agentq cluster build'"
+                f"missing {binary_set.what} {', '.join(missing)} "
+                f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached}); "
+                f"run 'agentq cluster build{flag}'"
             )
-        build_into(cached, say=say)
+        build_into(cached, say=say, binary_set=binary_set)
     return {name: path if path is not None else cached / name for name, path in found.items()}
 
 
-def build_into(dest: Path, *, say: Callable[[str], None] | None = None) -> None:
+def build_into(
+    dest: Path,
+    *,
+    say: Callable[[str], None] | None = None,
+    binary_set: BinarySet = CONTROL_PLANE,
+) -> None:
     """Run ``build.sh`` into ``dest`` under a lock, so two builds never race."""
     say = say or (lambda line: print(line, file=sys.stderr))
     if shutil.which("go") is None:
@@ -118,20 +166,28 @@ def build_into(dest: Path, *, say: Callable[[str], None] | None = None) -> None:
     log = dest.parent / f"build-{dest.name}.log"
     with open(dest.parent / f".{dest.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build finishes first; then we reuse it
-        if all((dest / name).is_file() for name in BINARIES):
+        if all((dest / name).is_file() for name in binary_set.binaries):
             return
+        versions = (
+            f"etcd {ETCD_VERSION} and Kubernetes {KUBERNETES_VERSION}"
+            if binary_set is CONTROL_PLANE
+            else f"{', '.join(binary_set.binaries)} (Kubernetes {KUBERNETES_VERSION})"
+        )
         say(
-            f"building etcd {ETCD_VERSION} and Kubernetes {KUBERNETES_VERSION} from the Go "
-            f"module proxy into {dest} (once per machine; log: {log})"
+            f"building {versions} from the Go module proxy into {dest} "
+            f"(once per machine; log: {log})"
         )
         with open(log, "w") as out:
             done = subprocess.run(
-                ["bash", str(script), str(dest)], stdout=out, stderr=subprocess.STDOUT, check=False
+                ["bash", str(script), str(dest), binary_set.name],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=False,
             )
         if done.returncode != 0:
             tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
             raise BinaryError(
-                f"building the control plane failed (exit {done.returncode}); "
+                f"building {binary_set.title} failed (exit {done.returncode}); "
                 f"last lines of {log}:\n{tail}"
             )
-        say(f"built the control plane into {dest}")
+        say(f"built {binary_set.title} into {dest}")

@@ -10,13 +10,9 @@ recycled pid is never signalled) and removes the directory.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
-import random
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -26,14 +22,17 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from agentq.controlplane import binaries, pki
+from agentq.controlplane import binaries, host, node, pki, procs
+from agentq.controlplane.procs import free_port, pid_runs
 from agentq.controlplane.versions import KUBERNETES_VERSION
 
 # Order matters: each depends on the one before; ``down`` stops them in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager")
 SERVICE_CIDR = "10.0.0.0/24"
-_PR_SET_PDEATHSIG = 1
+
+__all__ = ["Cluster", "ClusterError", "ClusterState", "free_port", "pid_runs"]
 
 
 class ClusterError(RuntimeError):
@@ -52,6 +51,8 @@ class ClusterState:
     binaries: dict[str, str]
     pids: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
+    # The local node's details (``node.NodeState`` as a dict) when started with --node.
+    node: dict[str, Any] | None = None
 
 
 def default_state_dir() -> Path:
@@ -62,68 +63,12 @@ def default_state_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".local" / "state") / "agentq" / "cluster"
 
 
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now.
-
-    Chosen below the kernel's ephemeral range: a port the kernel handed out for
-    bind(0) may be handed out again at once to any outgoing connection, and then
-    the server that was meant to listen on it fails with EADDRINUSE.
-    """
-    low = _ephemeral_low()
-    for _ in range(50):
-        port = random.randint(10000, max(10001, low - 1))
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def ensure_port_free(port: int) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind(("127.0.0.1", port))
         except OSError as err:
             raise ClusterError(f"port {port} on 127.0.0.1 is in use ({err.strerror})") from err
-
-
-def pid_runs(pid: int, executable: str) -> bool:
-    """True if ``pid`` is alive and still runs ``executable`` (guards against pid reuse)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    # A zombie (state Z) has exited; only its parent has not reaped it yet.
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
-        return False
-    return bool(cmdline) and cmdline[0].decode(errors="replace") == executable
-
-
-def _log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "".join(text.splitlines(keepends=True)[-lines:])
-
-
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: if the process that started us dies
-    # (a test session killed with SIGKILL), the kernel kills us too.
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Cluster:
@@ -162,14 +107,21 @@ class Cluster:
         build: bool = True,
         timeout: float = 180.0,
         tie_to_parent: bool = False,
+        with_node: bool = False,
         say: Callable[[str], None] = lambda _: None,
     ) -> ClusterState:
         """Start etcd, kube-apiserver and kube-controller-manager; return when ready.
 
         Ready means ``/readyz`` is ok, the ``default`` namespace exists and the
         controller manager has created its ``default`` service account. With
-        ``tie_to_parent`` the processes die with the calling process.
+        ``tie_to_parent`` the processes die with the calling process. With
+        ``with_node`` a local node (``node.LocalNode``) joins and is Ready too.
         """
+        if with_node:
+            try:
+                node.check_host()
+            except node.NodeError as err:
+                raise ClusterError(str(err)) from err
         existing = self.load()
         if existing is not None:
             alive = self.running(existing)
@@ -179,13 +131,36 @@ class Cluster:
                     f"(server {existing.server}, pids {existing.pids}); "
                     "use it, or 'agentq cluster down' first"
                 )
-            self._remove_state()  # left over from a crash: nothing of it runs
+            # Left over from a crash: nothing of it runs. Undo its node's host changes.
+            say(f"cleaning up after a cluster that was not stopped ({self.state_dir})")
+            self._stop(existing, say=say)
+            self._remove_state()
         if port is not None:
             ensure_port_free(port)
         paths = binaries.resolve(build=build, say=say)
+        if not with_node:
+            return self._up_retrying(paths, port, timeout, tie_to_parent, False, say)
+        paths |= binaries.resolve(build=build, say=say, binary_set=binaries.NODE)
+        journal = host.Journal("node")
+        with journal.locked():  # one node per machine: no second up or down meanwhile
+            try:
+                node.LocalNode(self.state_dir, journal=journal).clean_up_leftovers(say)
+            except (node.NodeError, host.HostError) as err:
+                raise ClusterError(str(err)) from err
+            return self._up_retrying(paths, port, timeout, tie_to_parent, True, say)
+
+    def _up_retrying(
+        self,
+        paths: dict[str, Path],
+        port: int | None,
+        timeout: float,
+        tie_to_parent: bool,
+        with_node: bool,
+        say: Callable[[str], None],
+    ) -> ClusterState:
         for attempt in range(3):
             try:
-                return self._up_once(paths, port, timeout, tie_to_parent, say)
+                return self._up_once(paths, port, timeout, tie_to_parent, with_node, say)
             except ClusterError as err:
                 # Another process took a port between our check and the server's bind.
                 if "address already in use" not in str(err) or port is not None or attempt == 2:
@@ -200,12 +175,22 @@ class Cluster:
         port: int | None,
         timeout: float,
         tie_to_parent: bool,
+        with_node: bool,
         say: Callable[[str], None],
     ) -> ClusterState:
         """One start of the three processes on fresh ports; stops them all on failure."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(exist_ok=True)
         certs = pki.generate(self.state_dir / "pki")
+        node_certs: pki.NodePki | None = None
+        if with_node:
+            try:
+                name, ip = node.node_name(), node.node_ip()
+            except (node.NodeError, host.HostError) as err:
+                raise ClusterError(str(err)) from err
+            node_certs = pki.generate_node(
+                self.state_dir / "pki" / "node", certs, node_name=name, node_ips=(ip,)
+            )
         api_port = port or free_port()
         etcd_client, etcd_peer = free_port(), free_port()
         server = f"https://127.0.0.1:{api_port}"
@@ -221,7 +206,8 @@ class Cluster:
         pki.write_kubeconfig(Path(state.kubeconfig), server=server, pki=certs)
         args = {
             "etcd": self._etcd_args(etcd_client, etcd_peer),
-            "kube-apiserver": self._apiserver_args(api_port, state.etcd_url, certs),
+            "kube-apiserver": self._apiserver_args(api_port, state.etcd_url, certs)
+            + (self._kubelet_client_args(certs, node_certs) if node_certs else []),
             "kube-controller-manager": self._kcm_args(state.kubeconfig, certs),
         }
         deadline = time.monotonic() + timeout
@@ -233,11 +219,65 @@ class Cluster:
                 state.pids[name] = proc.pid
                 self._save(state)
                 self._wait_ready(name, proc, state, certs, deadline)
+            say(f"control plane {KUBERNETES_VERSION} ready at {server}")
+            if node_certs is not None:
+                self._start_node(state, api_port, certs, node_certs, tie_to_parent, deadline, say)
         except BaseException:
-            self._stop(state)
+            self._stop(state, say=say)
             raise
-        say(f"control plane {KUBERNETES_VERSION} ready at {server}")
         return state
+
+    def _start_node(
+        self,
+        state: ClusterState,
+        api_port: int,
+        certs: pki.Pki,
+        node_certs: pki.NodePki,
+        tie_to_parent: bool,
+        deadline: float,
+        say: Callable[[str], None],
+    ) -> None:
+        def on_process(name: str, proc: subprocess.Popen[bytes], executable: str) -> None:
+            self._children[proc.pid] = proc
+            state.pids[name] = proc.pid
+            state.binaries[name] = executable
+            self._save(state)
+
+        local = node.LocalNode(self.state_dir)
+        # Recorded before anything starts, so a failure part-way is undone by _stop.
+        state.node = {"journal": str(local.journal.path)}
+        self._save(state)
+        try:
+            started = local.start(
+                server=state.server,
+                api_port=api_port,
+                certs=certs,
+                node_certs=node_certs,
+                name=node.node_name(),
+                ip=node.node_ip(),
+                binaries={k: Path(v) for k, v in state.binaries.items()},
+                tie_to_parent=tie_to_parent,
+                deadline=deadline,
+                on_process=on_process,
+                say=say,
+            )
+        except (node.NodeError, host.HostError) as err:
+            raise ClusterError(str(err)) from err
+        state.node = node.state_to_dict(started)
+        self._save(state)
+        say(f"node {started.name} ({started.ip}) Ready")
+
+    @staticmethod
+    def _kubelet_client_args(certs: pki.Pki, node_certs: pki.NodePki) -> list[str]:
+        """API server flags for a local node: verify the kubelet, present a client cert."""
+        return [
+            f"--kubelet-client-certificate={node_certs.apiserver_kubelet_client_cert}",
+            f"--kubelet-client-key={node_certs.apiserver_kubelet_client_key}",
+            f"--kubelet-certificate-authority={certs.ca_cert}",
+            # The kubelet serves on the node's address; its hostname may resolve to loopback.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+            "--enable-admission-plugins=NodeRestriction",
+        ]
 
     @staticmethod
     def _etcd_args(client: int, peer: int) -> list[str]:
@@ -270,7 +310,8 @@ class Cluster:
             f"--service-account-key-file={certs.sa_pub}",
             f"--service-account-signing-key-file={certs.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
+            # Node: each kubelet may read and write only what its own pods need.
+            "--authorization-mode=Node,RBAC",
             "--allow-privileged=true",
             # No kube-proxy or nodes consume the kubernetes endpoints here.
             "--endpoint-reconciler-type=none",
@@ -296,22 +337,17 @@ class Cluster:
     def _start(
         self, name: str, binary: str, args: list[str], tie_to_parent: bool
     ) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - inherited by the child
         try:
-            return subprocess.Popen(
-                [binary, *args],
+            return procs.start(
+                name,
+                binary,
+                args,
                 cwd=self.state_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                # Own session: a Ctrl-C at the terminal that ran 'up' must not stop it.
-                start_new_session=True,
-                preexec_fn=_die_with_parent if tie_to_parent else None,
+                log=self.log_dir / f"{name}.log",
+                tie_to_parent=tie_to_parent,
             )
-        except OSError as err:
-            raise ClusterError(f"cannot start {name} ({binary}): {err}") from err
-        finally:
-            log.close()
+        except procs.ProcessError as err:
+            raise ClusterError(str(err)) from err
 
     def _wait_ready(
         self,
@@ -340,13 +376,13 @@ class Cluster:
             if proc.poll() is not None:
                 raise ClusterError(
                     f"{name} exited with code {proc.returncode} while starting; "
-                    f"last lines of {log}:\n{_log_tail(log)}"
+                    f"last lines of {log}:\n{procs.log_tail(log)}"
                 )
             if check():
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(
-                    f"{name} was not ready in time; last lines of {log}:\n{_log_tail(log)}"
+                    f"{name} was not ready in time; last lines of {log}:\n{procs.log_tail(log)}"
                 )
             time.sleep(0.2)
 
@@ -379,33 +415,37 @@ class Cluster:
         return True
 
     def _stop(self, state: ClusterState, *, say: Callable[[str], None] = lambda _: None) -> None:
+        if state.node is not None:
+            journal = host.Journal("node")
+            # Only this cluster's node: the journal is machine-wide.
+            if journal.load() and journal.owner == str(self.state_dir.resolve()):
+                try:
+                    with journal.locked():
+                        node.LocalNode(self.state_dir, journal=journal).stop(say)
+                except host.HostError as err:
+                    raise ClusterError(str(err)) from err
+            for name in node.COMPONENTS:
+                child = self._children.pop(state.pids.get(name, -1), None)
+                if child is not None:
+                    child.wait(timeout=5)
         for name in reversed(COMPONENTS):
             pid = state.pids.get(name)
             if pid is None or not pid_runs(pid, state.binaries[name]):
                 continue
             say(f"stopping {name} (pid {pid})")
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(pid, state.binaries[name], 10.0):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                if not _wait_gone(pid, state.binaries[name], 5.0):
-                    raise ClusterError(f"{name} (pid {pid}) did not stop after SIGKILL")
+            try:
+                procs.stop(pid, state.binaries[name], name=name)
+            except procs.ProcessError as err:
+                raise ClusterError(str(err)) from err
             child = self._children.pop(pid, None)
             if child is not None:
                 child.wait(timeout=5)
 
     def _remove_state(self) -> None:
+        # Never delete through a mount (a pod volume bound from the host, say).
+        held = host.mounts_under(str(self.state_dir.resolve()))
+        if held:
+            raise ClusterError(
+                f"not removing {self.state_dir}: still mounted below it: {', '.join(held)}"
+            )
         shutil.rmtree(self.state_dir, ignore_errors=True)
-
-
-def _wait_gone(pid: int, executable: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        # Reap it if it is our own child (the test fixture case); harmless otherwise.
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not pid_runs(pid, executable):
-            return True
-        time.sleep(0.1)
-    return False

@@ -4,6 +4,13 @@ Everything is generated fresh for each cluster in its state directory: a CA,
 the API server's serving certificate (loopback names only), a client
 certificate in ``system:masters`` for the admin kubeconfig, and the
 service-account signing key pair. ECDSA P-256 keeps generation fast.
+
+With a local node (``up --node``) the same CA also issues the kubelet's client
+certificate (``system:node:<name>`` in ``system:nodes``, which the Node
+authorizer scopes to its own node), the kubelet's serving certificate (so the
+API server verifies the kubelet it dials for logs and exec), the API server's
+client certificate for the kubelet (so the kubelet needs no anonymous access)
+and the scheduler's client certificate (``system:kube-scheduler``).
 """
 
 from __future__ import annotations
@@ -103,6 +110,98 @@ def _cert(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+@dataclass(frozen=True)
+class NodePki:
+    """Paths of the certificates of a local node (all issued by the cluster's CA)."""
+
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
+    kubelet_serving_cert: Path
+    kubelet_serving_key: Path
+    apiserver_kubelet_client_cert: Path
+    apiserver_kubelet_client_key: Path
+    scheduler_cert: Path
+    scheduler_key: Path
+
+
+def _name(common_name: str, organization: str | None = None) -> x509.Name:
+    attributes = []
+    if organization:
+        attributes.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
+
+
+def _issue(
+    ca: Pki,
+    cert_path: Path,
+    key_path: Path,
+    subject: x509.Name,
+    *,
+    client: bool = False,
+    server_names: tuple[str, ...] = (),
+    server_ips: tuple[str, ...] = (),
+) -> None:
+    ca_cert = x509.load_pem_x509_certificate(ca.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = _key()
+    cert = _cert(
+        subject=subject,
+        key=key,
+        issuer=ca_cert.subject,
+        issuer_key=ca_key,
+        client=client,
+        server_names=server_names,
+        server_ips=server_ips,
+    )
+    _write(key_path, _pem_key(key))
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+
+
+def generate_node(
+    directory: Path, ca: Pki, *, node_name: str, node_ips: tuple[str, ...]
+) -> NodePki:
+    """Issue the certificates of the local node ``node_name`` into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    node = NodePki(
+        kubelet_client_cert=directory / "kubelet-client.crt",
+        kubelet_client_key=directory / "kubelet-client.key",
+        kubelet_serving_cert=directory / "kubelet.crt",
+        kubelet_serving_key=directory / "kubelet.key",
+        apiserver_kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        apiserver_kubelet_client_key=directory / "apiserver-kubelet-client.key",
+        scheduler_cert=directory / "scheduler.crt",
+        scheduler_key=directory / "scheduler.key",
+    )
+    _issue(
+        ca,
+        node.kubelet_client_cert,
+        node.kubelet_client_key,
+        _name(f"system:node:{node_name}", "system:nodes"),
+        client=True,
+    )
+    _issue(
+        ca,
+        node.kubelet_serving_cert,
+        node.kubelet_serving_key,
+        _name(node_name),
+        server_names=(node_name, "localhost"),
+        server_ips=(*node_ips, "127.0.0.1"),
+    )
+    # The API server acts for users who already passed its own authorization; the
+    # kubelet checks this identity by a SubjectAccessReview, which system:masters passes.
+    _issue(
+        ca,
+        node.apiserver_kubelet_client_cert,
+        node.apiserver_kubelet_client_key,
+        _name("kube-apiserver-kubelet-client", "system:masters"),
+        client=True,
+    )
+    _issue(ca, node.scheduler_cert, node.scheduler_key, _name("system:kube-scheduler"), client=True)
+    return node
+
+
 def generate(directory: Path) -> Pki:
     """Write a fresh CA, serving and admin certificates and SA keys into ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -167,8 +266,19 @@ def generate(directory: Path) -> Pki:
     return pki
 
 
-def write_kubeconfig(path: Path, *, server: str, pki: Pki, name: str = "agentq-local") -> None:
-    """Write a self-contained admin kubeconfig (certificates embedded) to ``path``."""
+def write_kubeconfig(
+    path: Path,
+    *,
+    server: str,
+    pki: Pki,
+    name: str = "agentq-local",
+    client: tuple[Path, Path] | None = None,
+) -> None:
+    """Write a self-contained kubeconfig (certificates embedded) to ``path``.
+
+    The user is the admin, or ``client`` (certificate, key) when given.
+    """
+    client_cert, client_key = client or (pki.admin_cert, pki.admin_key)
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
@@ -186,8 +296,8 @@ def write_kubeconfig(path: Path, *, server: str, pki: Pki, name: str = "agentq-l
             {
                 "name": f"{name}-admin",
                 "user": {
-                    "client-certificate-data": b64(pki.admin_cert),
-                    "client-key-data": b64(pki.admin_key),
+                    "client-certificate-data": b64(client_cert),
+                    "client-key-data": b64(client_key),
                 },
             }
         ],

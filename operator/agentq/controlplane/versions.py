@@ -17,9 +17,21 @@ BINARIES: dict[str, tuple[str, ...]] = {
     "kubectl": ("version", "--client"),
 }
 
+# What the local node (``agentq cluster up --node``) adds, built by the same
+# wrapper module into a cache directory of its own: the kubelet, the scheduler
+# and the pod sandbox program (``e2e/controlplane/pause``).
+NODE_BINARIES: dict[str, tuple[str, ...]] = {
+    "kubelet": ("--version",),
+    "kube-scheduler": ("--version",),
+    "pause": ("-version",),
+}
+PAUSE_VERSION = "agentq-pause 1"
+
 
 def expected_version(binary: str) -> str:
     """The version string ``binary``'s version output must contain."""
     if binary == "etcd":
         return ETCD_VERSION.removeprefix("v")
+    if binary == "pause":
+        return PAUSE_VERSION
     return KUBERNETES_VERSION

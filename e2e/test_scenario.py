@@ -1,0 +1,405 @@
+"""agentq on real pods: the scenario ``make e2e`` runs on the local node and
+``e2e/kind/run.sh`` runs on kind (see conftest.py for where).
+
+1. Install from the kustomize base with the locally built image: 2 operator
+   replicas as pods, running as their own ServiceAccount (never as admin).
+2. Three agent Deployments from manifests/agent/ (``agentq agent-sim`` behind the
+   ``agentq sidecar`` native sidecar) with weights 1:2:4, plus a fourth whose agent
+   fails every task it gets: the only one with the capability the poison task needs.
+3. A backlog once every worker is Ready: the first assignments' cost shares are
+   within the DRR bound (one maximum task cost) of the weights.
+4. While the work runs: force-delete one agent pod, SIGKILL another pod's agent
+   container through the container runtime, delete the leader operator pod.
+5. From the API server: every task terminal; the force-deleted pod's tasks were
+   reclaimed and completed by other workers; the poison task DeadLettered after
+   its allowed attempts; the standby operator took over; and a real agent pod's
+   own token is refused (policy or RBAC) for another worker's Lease, for a task
+   Lease it does not hold, and for an AgentTask.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client, config
+
+from manifests import agent_objects, install_base, to_yaml
+from nodetools import Platform
+
+NAMESPACE = "agentq-e2e"
+WEIGHTS = {"small": 1, "medium": 2, "large": 4}
+POISON_WORKER = "flaky"
+BACKLOG = 42
+COSTS = [1 + i % 3 for i in range(BACKLOG)]
+WORK_SECONDS = 20
+LEASE_SECONDS = 10
+POISON_MAX_RECLAIMS = 2
+T = TypeVar("T")
+
+_started = time.monotonic()
+
+
+def say(line: str) -> None:
+    print(f"[e2e {time.monotonic() - _started:6.1f}s] {line}", flush=True)
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+class Cluster:
+    def __init__(self, platform: Platform) -> None:
+        self.platform = platform
+        api = config.new_client_from_config(config_file=platform.kubeconfig)
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.leases = client.CoordinationV1Api(api)
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        done = subprocess.run(
+            [self.platform.kubectl, "--kubeconfig", self.platform.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def apply(self, objects: list[dict[str, Any]]) -> None:
+        for obj in objects:
+            spec = obj.get("spec", {}).get("template", {}).get("spec", {})
+            for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+                container["imagePullPolicy"] = self.platform.pull_policy
+        self.kubectl("apply", "-f", "-", input=to_yaml(objects))
+
+    def tasks(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
+            "agentq.dev", "v1alpha1", NAMESPACE, "agenttasks"
+        )["items"]
+        return items
+
+    def worker_phase(self, name: str) -> str:
+        try:
+            body = self.custom.get_namespaced_custom_object(
+                "agentq.dev", "v1alpha1", NAMESPACE, "agentworkers", name
+            )
+        except client.ApiException:
+            return ""
+        return str((body.get("status") or {}).get("phase", ""))
+
+    def pod_of(self, worker: str) -> client.V1Pod:
+        pods = self.core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"agentq.dev/worker={worker}"
+        ).items
+        running = [
+            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+        ]
+        assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
+        return running[0]
+
+    def leader(self) -> str:
+        lease = self.leases.read_namespaced_lease("agentq-operator", "agentq-system")
+        return str(lease.spec.holder_identity or "")
+
+
+def phase(task: dict[str, Any]) -> str:
+    return str((task.get("status") or {}).get("phase", ""))
+
+
+@pytest.mark.timeout(1800)
+def test_agentq_on_real_pods(platform: Platform) -> None:
+    global _started
+    _started = time.monotonic()
+    k = Cluster(platform)
+    say(f"installing the kustomize base with image {platform.image}")
+    k.apply(install_base(platform.kubectl, image=platform.image))
+    k.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/agenttasks.agentq.dev",
+        "crd/agentworkers.agentq.dev",
+    )
+    k.kubectl(
+        "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"
+    )
+    operators = k.core.list_namespaced_pod(
+        "agentq-system", label_selector="app.kubernetes.io/name=agentq-operator"
+    ).items
+    assert len(operators) == 2
+    for pod in operators:
+        assert pod.spec.service_account_name == "agentq-operator"
+        assert pod.spec.security_context.run_as_user == 65532
+        assert pod.status.container_statuses[0].restart_count == 0, "operator crashed at start"
+    leader = wait_for("an operator to lead", k.leader, 60)
+    say(f"2 operator replicas Running as agentq-operator; leader {leader}")
+
+    k.apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": NAMESPACE,
+                    "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+                },
+            }
+        ]
+    )
+    agents: list[dict[str, Any]] = []
+    for worker, weight in WEIGHTS.items():
+        agents += agent_objects(
+            platform.kubectl,
+            worker=worker,
+            namespace=NAMESPACE,
+            image=platform.image,
+            env={
+                "AGENTQ_CAPABILITIES": "llm",
+                "AGENTQ_WEIGHT": str(weight),
+                "AGENTQ_MAX_IN_FLIGHT": "100",
+            },
+            agent_args=[
+                "agent-sim",
+                "--behaviour",
+                "complete",
+                "--work-seconds",
+                str(WORK_SECONDS),
+            ],
+        )
+    agents += agent_objects(
+        platform.kubectl,
+        worker=POISON_WORKER,
+        namespace=NAMESPACE,
+        image=platform.image,
+        env={"AGENTQ_CAPABILITIES": "poison", "AGENTQ_MAX_IN_FLIGHT": "1"},
+        agent_args=["agent-sim", "--behaviour", "fail", "--work-seconds", "1"],
+    )
+    k.apply(agents)
+    for worker in [*WEIGHTS, POISON_WORKER]:
+        k.kubectl("-n", NAMESPACE, "rollout", "status", f"deploy/agent-{worker}", "--timeout=300s")
+    for worker in [*WEIGHTS, POISON_WORKER]:
+        wait_for(f"worker {worker} Ready", lambda w=worker: k.worker_phase(w) == "Ready", 120)
+    say("4 agent pods Running (agent-sim + native sidecar); every AgentWorker Ready")
+
+    tasks = [
+        {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "metadata": {"name": f"job-{i:03d}", "namespace": NAMESPACE},
+            "spec": {
+                "requiredCapabilities": ["llm"],
+                "cost": cost,
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "payload": {"n": i},
+            },
+        }
+        for i, cost in enumerate(COSTS)
+    ]
+    tasks.append(
+        {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "metadata": {"name": "poison", "namespace": NAMESPACE},
+            "spec": {
+                "requiredCapabilities": ["poison"],
+                "leaseDurationSeconds": LEASE_SECONDS,
+                "maxReclaims": POISON_MAX_RECLAIMS,
+                "retryBackoff": {"initialSeconds": 1, "maxSeconds": 2},
+            },
+        }
+    )
+    k.kubectl("apply", "-f", "-", input=to_yaml(tasks))
+    say(f"submitted {BACKLOG} tasks (costs 1..3, {WORK_SECONDS}s of work each) and a poison task")
+
+    def all_assigned() -> list[dict[str, Any]] | None:
+        items = [t for t in k.tasks() if t["metadata"]["name"] != "poison"]
+        if len(items) == BACKLOG and all((t.get("status") or {}).get("worker") for t in items):
+            return items
+        return None
+
+    first = wait_for("the whole backlog to be assigned", all_assigned, 120, every=0.5)
+    served: Counter[str] = Counter()
+    for t in first:
+        served[t["status"]["worker"]] += t["spec"]["cost"]
+    total = sum(COSTS)
+    for worker, weight in WEIGHTS.items():
+        fair = total * weight / sum(WEIGHTS.values())
+        assert abs(served[worker] - fair) <= max(COSTS), (worker, dict(served), fair)
+    say(f"first assignments by cost {dict(served)} of {total}: within one task cost of 1:2:4")
+
+    # -- faults, while the work runs -------------------------------------------------------
+    # The claims the deleted pod holds, by the fencing token of their attempt.
+    victims = {
+        t["metadata"]["name"]: t["status"]["fencingToken"]
+        for t in first
+        if t["status"]["worker"] == "medium"
+    }
+    doomed = k.pod_of("medium").metadata.name
+    k.kubectl("-n", NAMESPACE, "delete", "pod", doomed, "--grace-period=0", "--force")
+    say(f"force-deleted pod {doomed} holding {len(victims)} tasks")
+
+    pod = k.pod_of("small")
+    (agent_status,) = [c for c in pod.status.container_statuses if c.name == "agent"]
+    container_id = agent_status.container_id.split("://", 1)[1]
+    subprocess.run(
+        [*platform.ctr, "-n", "k8s.io", "tasks", "kill", "--signal", "SIGKILL", container_id],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    wait_for(
+        "the kubelet to restart the killed agent container",
+        lambda: any(
+            c.name == "agent" and c.restart_count > agent_status.restart_count
+            for c in k.core.read_namespaced_pod(
+                pod.metadata.name, NAMESPACE
+            ).status.container_statuses
+        ),
+        120,
+    )
+    say(f"SIGKILLed the agent container of {pod.metadata.name} through containerd; restarted")
+
+    leader_pod = leader.rsplit("-", 2)[0]
+    k.kubectl("-n", "agentq-system", "delete", "pod", leader_pod, "--wait=false")
+    new_leader = wait_for(
+        "the standby operator to take over",
+        lambda: (lambda h: h if h and not h.startswith(leader_pod + "-") else None)(k.leader()),
+        90,
+        every=0.5,
+    )
+    say(f"deleted the leader pod {leader_pod}; {new_leader} leads")
+
+    # -- the outcome, from the API server ------------------------------------------------------
+    final = wait_for(
+        "every task to end",
+        lambda: (
+            lambda items: (
+                items
+                if all(phase(t) in ("Succeeded", "Failed", "DeadLettered") for t in items)
+                else None
+            )
+        )(k.tasks()),
+        600,
+        every=2,
+    )
+    by_name = {t["metadata"]["name"]: t for t in final}
+    phases = Counter(phase(t) for t in final)
+    assert phases == {"Succeeded": BACKLOG, "DeadLettered": 1}, phases
+    poison = by_name["poison"]["status"]
+    assert phase(by_name["poison"]) == "DeadLettered"
+    assert poison["attempt"] == POISON_MAX_RECLAIMS + 1, poison
+    assert all(h["worker"] == POISON_WORKER for h in poison["history"])
+    for name, killed_token in victims.items():
+        status = by_name[name]["status"]
+        assert status["reclaims"] >= 1, (name, status)
+        # Completed by a later attempt, not by the deleted pod's...
+        assert status["fencingToken"] != killed_token, (name, status)
+        history = status["history"]
+        (ended,) = [i for i, h in enumerate(history) if h["token"] == killed_token]
+        assert history[ended]["worker"] == "medium", (name, history)
+        assert history[ended]["reason"] == "LeaseExpired", (name, history)
+        # ...and redispatched elsewhere (another worker had room). Later reclaims (the
+        # other faults) may bring it back to medium's new pod: that is allowed.
+        after = history[ended + 1]["worker"] if ended + 1 < len(history) else status["worker"]
+        assert after != "medium", (name, history, status["worker"])
+    reclaimed = sum(t["status"].get("reclaims", 0) for t in final)
+    say(
+        f"all {BACKLOG} tasks Succeeded ({reclaimed} reclaims; the {len(victims)} of the deleted "
+        f"pod completed elsewhere); poison DeadLettered after {poison['attempt']} attempts"
+    )
+    k.kubectl(
+        "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"
+    )
+
+    refusals(k)
+    say("the agent pod's own token was refused for every foreign write")
+
+
+# Runs inside the agent pod, with nothing but what the kubelet mounted: the pod's
+# own ServiceAccount token, the cluster CA and the Service address.
+FOREIGN_WRITES = r"""
+import json, os, ssl, urllib.error, urllib.request
+SA = "/var/run/secrets/kubernetes.io/serviceaccount/"
+token = open(SA + "token").read()
+tls = ssl.create_default_context(cafile=SA + "ca.crt")
+env = os.environ
+base = "https://%s:%s" % (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"])
+ns = open(SA + "namespace").read()
+
+def call(method, path, body=None, ctype="application/json"):
+    request = urllib.request.Request(base + path, method=method,
+        data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": "Bearer " + token, "Content-Type": ctype})
+    try:
+        with urllib.request.urlopen(request, context=tls, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read()).get("message", "")
+
+leases = "/apis/coordination.k8s.io/v1/namespaces/%s/leases" % ns
+out = {}
+status, own = call("GET", leases + "/agentq-worker-large")
+out["own worker Lease (read)"] = (status, "")
+out["another worker's Lease"] = call("POST", leases, {"metadata": {"name": "agentq-worker-small",
+    "labels": {"agentq.dev/lease": "worker", "agentq.dev/worker": "small"}},
+    "spec": {"holderIdentity": "me"}})
+status, lease = call("GET", leases + "/agentq-task-planted")
+lease["metadata"]["annotations"]["agentq.dev/report"] = json.dumps(
+    {"token": 1, "worker": "large", "outcome": "Succeeded"})
+out["a task Lease held by another worker"] = call("PUT", leases + "/agentq-task-planted", lease)
+tasks = "/apis/agentq.dev/v1alpha1/namespaces/%s/agenttasks" % ns
+out["an AgentTask"] = call("PATCH", tasks + "/job-000",
+    {"metadata": {"labels": {"forged": "yes"}}}, "application/merge-patch+json")
+print(json.dumps(out))
+"""
+
+
+def refusals(k: Cluster) -> None:
+    """Another worker's claims, written with worker large's pod's own mounted token."""
+    k.leases.create_namespaced_lease(
+        NAMESPACE,
+        client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name="agentq-task-planted",
+                labels={
+                    "agentq.dev/lease": "task",
+                    "agentq.dev/worker": "small",
+                    "agentq.dev/task": "x",
+                },
+                annotations={"agentq.dev/fencing-token": "1", "agentq.dev/attempt": "1"},
+            ),
+            spec=client.V1LeaseSpec(holder_identity="small", lease_duration_seconds=30),
+        ),
+    )
+    try:
+        pod = k.pod_of("large").metadata.name
+        out = k.kubectl(
+            "-n", NAMESPACE, "exec", pod, "-c", "sidecar", "--", "python3", "-c", FOREIGN_WRITES
+        )
+    finally:
+        k.leases.delete_namespaced_lease("agentq-task-planted", NAMESPACE)
+    results = {what: tuple(r) for what, r in json.loads(out.strip().splitlines()[-1]).items()}
+    for what, (status, message) in results.items():
+        say(f"  with pod {pod}'s own token, {what}: {status} {str(message)[:160]}")
+    assert results["own worker Lease (read)"][0] == 200, results
+    for what in ("another worker's Lease", "a task Lease held by another worker"):
+        status, message = results[what]
+        assert status == 403 and "agentq-agent-writes" in message, (what, results[what])
+    status, message = results["an AgentTask"]
+    assert status == 403 and "cannot patch" in message, results["an AgentTask"]

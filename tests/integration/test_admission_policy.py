@@ -1,0 +1,280 @@
+"""The agent's RBAC role and the admission policy agentq-agent-writes, on the real
+API server, with real ServiceAccount tokens (TokenRequest, bound to a Pod object
+like the token a kubelet mounts).
+
+An agent may keep its own worker Lease, renew and report on the task Leases its
+worker holds, and register its own AgentWorker. Every foreign write is refused:
+by RBAC where the role lacks the verb, and by the policy where RBAC cannot say
+"only your own"; with a role that allows everything, the policy alone still
+refuses each of them. An account not named agentq-agent-* is not affected.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from accounts import api_for_token, bound_pod, create_account, token
+from agentq import GROUP, VERSION
+from fleet import ControlPlane
+from manifests import agent_objects, to_yaml
+
+POLICY = "ValidatingAdmissionPolicy 'agentq-agent-writes'"
+
+
+def lease(
+    name: str, *, holder: str, kind: str, worker: str, token_: str = "7", **labels: str
+) -> client.V1Lease:
+    annotations = (
+        {"agentq.dev/fencing-token": token_, "agentq.dev/attempt": "1", "agentq.dev/task-uid": "u1"}
+        if kind == "task"
+        else {}
+    )
+    return client.V1Lease(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            labels={"agentq.dev/lease": kind, "agentq.dev/worker": worker, **labels},
+            annotations=annotations,
+        ),
+        spec=client.V1LeaseSpec(
+            holder_identity=holder,
+            lease_duration_seconds=15,
+            renew_time=datetime.datetime.now(datetime.UTC),
+        ),
+    )
+
+
+class Agent:
+    """Worker ``worker``'s agent: its account, a pod-bound token, and API clients."""
+
+    def __init__(self, control_plane: ControlPlane, namespace: str, worker: str) -> None:
+        admin = control_plane.api_client()
+        core = client.CoreV1Api(admin)
+        objects = agent_objects(control_plane.kubectl_path, worker=worker, namespace=namespace)
+        accounts = [o for o in objects if o["kind"] in ("ServiceAccount", "RoleBinding")]
+        control_plane.kubectl("apply", "-f", "-", input=to_yaml(accounts))
+        self.account = f"agentq-agent-{worker}"
+        pod = bound_pod(core, namespace, self.account, f"agent-{worker}-pod")
+        self.api = api_for_token(
+            control_plane.kubeconfig, token(core, namespace, self.account, pod=pod)
+        )
+        self.leases = client.CoordinationV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+
+@pytest.fixture
+def setup(
+    control_plane: ControlPlane, agentq_installed: None, namespace: str
+) -> Iterator[tuple[Agent, client.CoordinationV1Api]]:
+    admin_leases = client.CoordinationV1Api(control_plane.api_client())
+    # As the operator grants them: task t1 to worker alpha, t2 to worker beta.
+    admin_leases.create_namespaced_lease(
+        namespace,
+        lease(
+            "agentq-task-t1",
+            holder="alpha",
+            kind="task",
+            worker="alpha",
+            **{"agentq.dev/task": "t1"},
+        ),
+    )
+    admin_leases.create_namespaced_lease(
+        namespace,
+        lease(
+            "agentq-task-t2", holder="beta", kind="task", worker="beta", **{"agentq.dev/task": "t2"}
+        ),
+    )
+    yield Agent(control_plane, namespace, "alpha"), admin_leases
+
+
+def refused(call: Callable[[], Any], *, by: str = POLICY, says: str = "") -> str:
+    with pytest.raises(ApiException) as err:
+        call()
+    body = str(err.value.body)
+    assert err.value.status == 403, body
+    assert by in body, body
+    assert says in body, body
+    return body
+
+
+def renewed(current: client.V1Lease, **annotations: str) -> client.V1Lease:
+    current.spec.renew_time = datetime.datetime.now(datetime.UTC)
+    current.metadata.annotations = {**(current.metadata.annotations or {}), **annotations}
+    return current
+
+
+def test_an_agent_keeps_its_own_worker_lease_and_renews_its_task_leases(
+    setup: tuple[Agent, client.CoordinationV1Api], namespace: str
+) -> None:
+    agent, _ = setup
+    created = agent.leases.create_namespaced_lease(
+        namespace,
+        lease("agentq-worker-alpha", holder="agent-alpha-pod", kind="worker", worker="alpha"),
+    )
+    created.spec.renew_time = datetime.datetime.now(datetime.UTC)
+    agent.leases.replace_namespaced_lease("agentq-worker-alpha", namespace, created)
+    # A release (holder cleared, as the sidecar does on SIGTERM) is its own business.
+    current = agent.leases.read_namespaced_lease("agentq-worker-alpha", namespace)
+    current.spec.holder_identity = None
+    agent.leases.replace_namespaced_lease("agentq-worker-alpha", namespace, current)
+
+    task = agent.leases.read_namespaced_lease("agentq-task-t1", namespace)
+    task = agent.leases.replace_namespaced_lease(
+        "agentq-task-t1", namespace, renewed(task, **{"agentq.dev/progress": "3/10"})
+    )
+    report = '{"token": 7, "worker": "alpha", "outcome": "Succeeded"}'
+    written = agent.leases.replace_namespaced_lease(
+        "agentq-task-t1", namespace, renewed(task, **{"agentq.dev/report": report})
+    )
+    assert written.metadata.annotations["agentq.dev/report"] == report
+
+    worker = agent.custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "agentworkers",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentWorker",
+            "metadata": {"name": "alpha"},
+            "spec": {"capabilities": ["llm"]},
+        },
+    )
+    assert worker["metadata"]["name"] == "alpha"
+
+
+def foreign_writes(agent: Agent, namespace: str) -> dict[str, Callable[[], Any]]:
+    """Every write an agent of worker alpha must not make, by name."""
+    leases = agent.leases
+
+    def task_lease_edit(**change: Any) -> Callable[[], Any]:
+        def call() -> Any:
+            current = leases.read_namespaced_lease("agentq-task-t1", namespace)
+            for key, value in change.items():
+                if key == "holder":
+                    current.spec.holder_identity = value
+                else:
+                    current.metadata.annotations[key] = value
+            return leases.replace_namespaced_lease("agentq-task-t1", namespace, current)
+
+        return call
+
+    def foreign_task_renewal() -> Any:
+        current = leases.read_namespaced_lease("agentq-task-t2", namespace)
+        return leases.replace_namespaced_lease("agentq-task-t2", namespace, renewed(current))
+
+    return {
+        "another worker's Lease": lambda: leases.create_namespaced_lease(
+            namespace, lease("agentq-worker-beta", holder="x", kind="worker", worker="beta")
+        ),
+        "own worker Lease labelled for another worker": lambda: leases.create_namespaced_lease(
+            namespace, lease("agentq-worker-alpha", holder="x", kind="worker", worker="beta")
+        ),
+        "an unrelated Lease": lambda: leases.create_namespaced_lease(
+            namespace,
+            client.V1Lease(
+                metadata=client.V1ObjectMeta(name="agentq-operator"), spec=client.V1LeaseSpec()
+            ),
+        ),
+        "another worker's task Lease": foreign_task_renewal,
+        "handing its task Lease to another worker": task_lease_edit(holder="beta"),
+        "a new fencing token": task_lease_edit(**{"agentq.dev/fencing-token": "8"}),
+        "a new task UID": task_lease_edit(**{"agentq.dev/task-uid": "u2"}),
+        "creating a task Lease": lambda: leases.create_namespaced_lease(
+            namespace, lease("agentq-task-t3", holder="alpha", kind="task", worker="alpha")
+        ),
+        "deleting its task Lease": lambda: leases.delete_namespaced_lease(
+            "agentq-task-t1", namespace
+        ),
+        "another worker's AgentWorker": lambda: agent.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "agentworkers",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "AgentWorker",
+                "metadata": {"name": "beta"},
+                "spec": {"capabilities": ["llm"]},
+            },
+        ),
+        "an AgentTask": lambda: agent.custom.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "agenttasks",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "AgentTask",
+                "metadata": {"name": "forged"},
+                "spec": {"requiredCapabilities": ["llm"]},
+            },
+        ),
+    }
+
+
+# The agent role lacks these verbs, so RBAC refuses them before admission.
+REFUSED_BY_RBAC = {"deleting its task Lease", "an AgentTask"}
+
+
+def test_every_foreign_write_is_refused(
+    setup: tuple[Agent, client.CoordinationV1Api], namespace: str
+) -> None:
+    agent, admin = setup
+    for what, call in foreign_writes(agent, namespace).items():
+        by = "cannot" if what in REFUSED_BY_RBAC else POLICY
+        refused(call, by=by)
+    # Nothing changed: the operator's grants stand.
+    t1 = admin.read_namespaced_lease("agentq-task-t1", namespace)
+    assert t1.spec.holder_identity == "alpha"
+    assert t1.metadata.annotations["agentq.dev/fencing-token"] == "7"
+    assert admin.read_namespaced_lease("agentq-task-t2", namespace).spec.holder_identity == "beta"
+
+
+def test_the_policy_refuses_them_even_where_rbac_would_allow(
+    setup: tuple[Agent, client.CoordinationV1Api], control_plane: ControlPlane, namespace: str
+) -> None:
+    agent, _ = setup
+    rbac = client.RbacAuthorizationV1Api(control_plane.api_client())
+    rbac.create_namespaced_role(
+        namespace,
+        client.V1Role(
+            metadata=client.V1ObjectMeta(name="everything"),
+            rules=[
+                client.V1PolicyRule(
+                    api_groups=["agentq.dev", "coordination.k8s.io"], resources=["*"], verbs=["*"]
+                )
+            ],
+        ),
+    )
+    for account in (agent.account, "other-app"):
+        rbac.create_namespaced_role_binding(
+            namespace,
+            client.V1RoleBinding(
+                metadata=client.V1ObjectMeta(name=f"everything-{account}"),
+                role_ref=client.V1RoleRef(
+                    api_group="rbac.authorization.k8s.io", kind="Role", name="everything"
+                ),
+                subjects=[
+                    client.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)
+                ],
+            ),
+        )
+    for what, call in foreign_writes(agent, namespace).items():
+        body = refused(call, by=POLICY)
+        assert "agent alpha" in body or "agents may not change AgentTasks" in body, (what, body)
+
+    # An account that is not an agent's is not the policy's business.
+    core = client.CoreV1Api(control_plane.api_client())
+    create_account(core, namespace, "other-app")
+    other = client.CoordinationV1Api(
+        api_for_token(control_plane.kubeconfig, token(core, namespace, "other-app"))
+    )
+    other.create_namespaced_lease(
+        namespace, lease("agentq-worker-beta", holder="x", kind="worker", worker="beta")
+    )

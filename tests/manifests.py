@@ -1,0 +1,89 @@
+"""The repository's kustomize bases, rendered for tests and the e2e scenario.
+
+``install_base()`` is ``kubectl kustomize manifests/``; ``agent_objects()``
+renders ``manifests/agent/`` (whose worker is "example") for another worker, the
+way a user copies it: every "example" in a name, label, account or env value
+becomes the worker's name.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "manifests"
+EXAMPLE_WORKER = "example"
+
+
+def kustomize(kubectl: str, directory: Path) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def install_base(kubectl: str, *, image: str | None = None) -> list[dict[str, Any]]:
+    """The install base's objects, with the operator's image replaced if given."""
+    objects = kustomize(kubectl, MANIFESTS)
+    if image:
+        for obj in objects:
+            for container in _containers(obj):
+                container["image"] = image
+    return objects
+
+
+def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    if obj.get("kind") not in ("Deployment", "Pod"):
+        return []
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    return [*spec.get("initContainers", []), *spec.get("containers", [])]
+
+
+def agent_objects(
+    kubectl: str,
+    *,
+    worker: str,
+    namespace: str,
+    image: str | None = None,
+    env: dict[str, str] | None = None,
+    agent_args: list[str] | None = None,
+) -> list[dict[str, Any]]:
+    """``manifests/agent/`` for ``worker`` in ``namespace``.
+
+    ``env`` sets (or adds) variables of the sidecar container; ``agent_args``
+    replaces the agent container's arguments.
+    """
+    rendered = json.dumps(kustomize(kubectl, MANIFESTS / "agent"))
+    # Names, labels, the account and AGENTQ_WORKER all carry the worker's name.
+    rendered = rendered.replace(f'"{EXAMPLE_WORKER}"', json.dumps(worker))
+    rendered = rendered.replace(f'-{EXAMPLE_WORKER}"', f'-{worker}"')
+    objects: list[dict[str, Any]] = json.loads(rendered)
+    for obj in objects:
+        obj["metadata"]["namespace"] = namespace
+        if obj["kind"] == "RoleBinding":
+            for subject in obj["subjects"]:
+                subject["namespace"] = namespace
+        for container in _containers(obj):
+            if image:
+                container["image"] = image
+            if container["name"] == "sidecar" and env:
+                variables = {e["name"]: e for e in container.get("env", [])}
+                for name, value in env.items():
+                    variables[name] = {"name": name, "value": value}
+                container["env"] = list(variables.values())
+            if container["name"] == "agent" and agent_args is not None:
+                container["args"] = agent_args
+    return objects
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(objects, sort_keys=False)
