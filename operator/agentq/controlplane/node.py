@@ -385,8 +385,14 @@ class LocalNode:
         containerd_dir = self.directory / "containerd"
         for sub in ("root", "state", "opt", "runc", "cni/net.d", "cni/ipam"):
             (containerd_dir / sub).mkdir(parents=True, exist_ok=True)
-        for sub in ("kubelet", "kubelet-pki", "pod-logs", "scheduler-certs", "images"):
+        for sub in ("kubelet-pki", "pod-logs", "scheduler-certs", "images"):
             (self.directory / sub).mkdir(parents=True, exist_ok=True)
+        # The kubelet binds unix sockets below its root directory (pod-resources/<n>,
+        # plugin registration); a socket path may not exceed 107 bytes, which a state
+        # directory under pytest's tmp_path easily does. So its root lives in the
+        # short run directory (tmpfs; pod volumes are small), undone with it.
+        kubelet_root = run_dir / "kubelet"
+        kubelet_root.mkdir(parents=True, exist_ok=True)
         # Everything mounted below the node's directories (container root
         # filesystems, network namespaces, volumes) is unmounted at down.
         journal.watch_mounts(self.directory)
@@ -481,7 +487,7 @@ class LocalNode:
             [
                 f"--config={kubelet_yaml}",
                 f"--kubeconfig={kubeconfig}",
-                f"--root-dir={self.directory / 'kubelet'}",
+                f"--root-dir={kubelet_root}",
                 f"--cert-dir={self.directory / 'kubelet-pki'}",
                 f"--hostname-override={name}",
                 f"--node-ip={ip}",
