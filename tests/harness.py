@@ -26,10 +26,20 @@ from builders import TaskBuilder
 NS = "ns"
 
 
+class TickingClock(FakeClock):
+    """A fake clock that also moves a microsecond each time it is read, as a real one does
+    between two reads: a deadline computed as "now" is already past when it is checked
+    (a loop that re-arms such a deadline forever spins, and ``settle`` says so)."""
+
+    def monotonic(self) -> float:
+        self.advance(1e-6)
+        return super().monotonic()
+
+
 class Harness:
     def __init__(self, **config: Any) -> None:
         self.kube = FakeKube()
-        self.clock = FakeClock()
+        self.clock = TickingClock()
         settings = {"leader_election": False, "leader_namespace": NS, **config}
         self.config = OperatorConfig(**settings)
         self.controller = Controller(

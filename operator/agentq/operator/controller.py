@@ -37,7 +37,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,7 +172,8 @@ class Controller:
         self.queue = PendingQueue()
         self.timers = Timers()
         self._dirty: set[Key] = set()
-        self._dirty_workers: set[Key] = set()
+        self._publish_due: dict[Key, float] = {}  # worker -> when its status may be written
+        self._publish_now: set[Key] = set()  # workers whose status is due this step
         self._busy: set[Key] = set()  # tasks with a write in flight
         self._claims: dict[Key, set[str]] = {}  # worker -> the tasks it holds (from status)
         self._timer_due: dict[tuple[str, Key], float] = {}  # earliest live timer per subject
@@ -194,7 +195,7 @@ class Controller:
         self._changed = asyncio.Event()
         self._writes: set[asyncio.Task[Any]] = set()
         self._write_slots = asyncio.Semaphore(config.write_concurrency)
-        self._grants_in_flight = 0
+        self._grants: set[asyncio.Task[Any]] = set()  # grants in flight
         self._refilling = False
         self._status_budget = config.worker_status_qps
         self._status_budget_at = clock.monotonic()
@@ -266,6 +267,10 @@ class Controller:
     def observe_lease(self, body: Body, *, deleted: bool = False) -> None:
         view = views.lease_view(body)
         key = view.key
+        if view.kind not in (protocol.LEASE_KIND_TASK, protocol.LEASE_KIND_WORKER):
+            if key not in self.leases:
+                return  # not one of ours (the watch selects ours; a fake may not)
+            deleted = True  # our label was removed: as good as gone for us
         now = self.clock.monotonic()
         if deleted:
             old = self.leases.pop(key, None)
@@ -327,9 +332,10 @@ class Controller:
         self._dirty.add(task_key)
         self.poke()
 
-    def _progress_due(self, key: Key) -> float:
+    def _progress_due(self, key: Key, now: float | None = None) -> float:
+        """When the claim's progress marker may next be copied into status."""
         written = self._progress_written.get(key)
-        now = self.clock.monotonic()
+        now = self.clock.monotonic() if now is None else now
         return now if written is None else max(now, written + self.config.progress_status_interval)
 
     # -- indexes ------------------------------------------------------------------------
@@ -364,13 +370,13 @@ class Controller:
             holder = scheduler.holder(key[1])
             if holder is not None and holder != now_worker:
                 scheduler.release(key[1], completed=new.phase is TaskPhase.SUCCEEDED)
-                self._dirty_workers.add((key[0], holder))
+                self._mark_worker((key[0], holder))
             if now_worker is not None and holder != now_worker:
                 if scheduler.has_worker(now_worker):
                     scheduler.restore(
                         Assignment(task=key[1], worker=now_worker, cost=new.spec.cost)
                     )
-                self._dirty_workers.add((key[0], now_worker))
+                self._mark_worker((key[0], now_worker))
         # the pending queue and retry backoff
         if new.pending and new.problem is None:
             due = self._backoff_due(new)
@@ -449,7 +455,7 @@ class Controller:
             holder = scheduler.holder(key[1])
             if holder is not None:
                 scheduler.release(key[1], completed=False)
-                self._dirty_workers.add((key[0], holder))
+                self._mark_worker((key[0], holder))
         self.poke()
 
     def _forget_worker(self, view: WorkerView) -> None:
@@ -464,7 +470,8 @@ class Controller:
             self._worker_written,
         ):
             table.pop(key, None)
-        self._dirty_workers.discard(key)
+        self._publish_due.pop(key, None)
+        self._publish_now.discard(key)
         scheduler = self.schedulers.get(key[0])
         if scheduler is not None and scheduler.has_worker(key[1]):
             for task in scheduler.remove_worker(key[1]):
@@ -497,7 +504,7 @@ class Controller:
             self._maybe_diagnose(key)
         if self._readiness.get(key) != ready or spec_changed:
             self._readiness[key] = ready
-            self._dirty_workers.add(key)
+            self._mark_worker(key, urgent=True)
             if self.leading:
                 self._upsert_worker(self._scheduler(key[0]), worker)
 
@@ -668,7 +675,7 @@ class Controller:
                     scheduler.restore(Assignment(task=key[1], worker=worker, cost=task.spec.cost))
         for key in self.workers:
             self._evaluate_worker(key)
-            self._dirty_workers.add(key)
+            self._mark_worker(key)
 
     def _push_timer(self, due: float, what: tuple[str, Key]) -> None:
         """One live entry per subject: a later deadline is found when the entry fires."""
@@ -707,7 +714,9 @@ class Controller:
                             key, task.spec.required_capabilities, task.created, ready=True
                         )
             elif kind == _PUBLISH:
-                pass  # the step publishes after firing timers
+                due = self._publish_due.get(key)
+                if due is not None and due <= now:
+                    self._publish_now.add(key)
             elif kind == _WORKER:
                 self._evaluate_worker(key)
                 lease_key = (key[0], protocol.worker_lease_name(key[1]))
@@ -732,7 +741,7 @@ class Controller:
         if lease.progress is not None:
             marker = protocol.bounded_text(lease.progress, protocol.MAX_PROGRESS_CHARS)
             if marker != task.status.progress:
-                dues.append(self._progress_due(task.key))
+                dues.append(self._progress_due(task.key, now))
         deadline = task.spec.progress_deadline_seconds
         if deadline is not None and task.phase is TaskPhase.RUNNING:
             changed = self.tracker.progress_changed_at(lease.key)
@@ -808,6 +817,7 @@ class Controller:
             self.stats.decisions += 1
             lease = self.leases.get(self._task_lease_key(task))
             decision = claims.decide(task, lease, self._seen(task, lease), self.policy)
+            log.debug("decided %s/%s: %s", *key, decision)
             if decision.transition is None and decision.lease is LeaseOp.KEEP and task.pending:
                 pending = claims.decide_pending(
                     task,
@@ -839,10 +849,11 @@ class Controller:
 
     # -- commit -------------------------------------------------------------------------
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._writes.add(task)
         task.add_done_callback(self._write_done)
+        return task
 
     def _write_done(self, task: asyncio.Task[Any]) -> None:
         self._writes.discard(task)
@@ -850,9 +861,10 @@ class Controller:
             log.error("a write failed: %r", task.exception(), exc_info=task.exception())
         self.poke()
 
-    async def _call(self, call: Coroutine[Any, Any, Reply]) -> Reply:
+    async def _call(self, method: Callable[..., Awaitable[Reply]], *args: Any) -> Reply:
+        """One API call, within WRITE_CONCURRENCY (the call is made once a slot is free)."""
         async with self._write_slots:
-            return await call
+            return await method(*args)
 
     async def _apply(self, task: TaskView, lease: LeaseView | None, decision: Decision) -> None:
         key = task.key
@@ -896,7 +908,7 @@ class Controller:
         if decision.confirm_expiry and lease is not None:
             # A stalled watch looks exactly like a dead holder: read the Lease itself.
             self.stats.confirm_reads += 1
-            current = await self._call(self.kube.get_lease(lease.namespace, lease.name))
+            current = await self._call(self.kube.get_lease, lease.namespace, lease.name)
             if current.ok and current.body is not None:
                 if current.body["metadata"].get("resourceVersion") != lease.resource_version:
                     self.stats.expiries_dropped += 1
@@ -914,7 +926,7 @@ class Controller:
                 self._refuse(task, lease, refusal)
         if decision.lease is LeaseOp.DELETE and lease is not None:
             reply = await self._call(
-                self.kube.delete_lease(lease.namespace, lease.name, lease.resource_version)
+                self.kube.delete_lease, lease.namespace, lease.name, lease.resource_version
             )
             if reply.ok or reply.status is Status.GONE:
                 self.observe_lease(_gone(lease), deleted=True)
@@ -940,9 +952,12 @@ class Controller:
         """Write ``transition`` with a CAS on the task; record its events and metrics."""
         key = task.key
         reply = await self._call(
-            self.kube.patch_status(
-                TASK_PLURAL, task.namespace, task.name, task.resource_version, transition.patch
-            )
+            self.kube.patch_status,
+            TASK_PLURAL,
+            task.namespace,
+            task.name,
+            task.resource_version,
+            transition.patch,
         )
         if reply.status is Status.INVALID:
             await self._refused_for_good(task, transition, reply.message)
@@ -990,9 +1005,12 @@ class Controller:
             )
         if fallback is not None:
             reply = await self._call(
-                self.kube.patch_status(
-                    TASK_PLURAL, task.namespace, task.name, task.resource_version, fallback.patch
-                )
+                self.kube.patch_status,
+                TASK_PLURAL,
+                task.namespace,
+                task.name,
+                task.resource_version,
+                fallback.patch,
             )
             if reply.ok and reply.body is not None:
                 self.observe_task(reply.body)
@@ -1082,9 +1100,9 @@ class Controller:
         token = task.status.fencing_token or 0
         for _ in range(4):
             if lease is None:
-                reply = await self._call(self.kube.create_lease(task.namespace, body))
+                reply = await self._call(self.kube.create_lease, task.namespace, body)
                 if reply.status is Status.CONFLICT:
-                    got = await self._call(self.kube.get_lease(task.namespace, name))
+                    got = await self._call(self.kube.get_lease, task.namespace, name)
                     if got.ok and got.body is not None:
                         self.observe_lease(got.body)
                         lease = views.lease_view(got.body)
@@ -1094,7 +1112,7 @@ class Controller:
                 if not foreign and lease.token is not None and lease.token >= token:
                     return
                 body["metadata"]["resourceVersion"] = lease.resource_version
-                reply = await self._call(self.kube.replace_lease(task.namespace, name, body))
+                reply = await self._call(self.kube.replace_lease, task.namespace, name, body)
                 if reply.status in (Status.CONFLICT, Status.GONE):
                     lease = None
                     continue
@@ -1110,7 +1128,7 @@ class Controller:
 
     def _dispatch(self) -> None:
         """Pop the oldest dispatchable heads into the DRR core while workers have room."""
-        budget = self.config.dispatch_batch - self._grants_in_flight
+        budget = self.config.dispatch_batch - len(self._grants)
         if budget <= 0:
             return
         for namespace in self.queue.namespaces():
@@ -1157,9 +1175,11 @@ class Controller:
                 self.queue.pop(namespace, required)
                 budget -= 1
                 self._busy.add(key)
-                self._grants_in_flight += 1
-                self._dirty_workers.add((namespace, planned[0].worker))
-                self._spawn(self._grant(scheduler, task, planned[0], token))
+                self._mark_worker((namespace, planned[0].worker))
+                grant = self._spawn(self._grant(scheduler, task, planned[0], token))
+                # Counted until done, even if cancelled before it ran (leadership lost).
+                self._grants.add(grant)
+                grant.add_done_callback(self._grants.discard)
 
     def _refill_tokens(self) -> None:
         if self._refilling:
@@ -1191,9 +1211,12 @@ class Controller:
                 now=self.clock.now(),
             )
             reply = await self._call(
-                self.kube.patch_status(
-                    TASK_PLURAL, task.namespace, task.name, task.resource_version, transition.patch
-                )
+                self.kube.patch_status,
+                TASK_PLURAL,
+                task.namespace,
+                task.name,
+                task.resource_version,
+                transition.patch,
             )
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
@@ -1226,30 +1249,50 @@ class Controller:
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
             self._push_timer(self.clock.monotonic() + _RETRY_SECONDS, (_TASK, key))
         finally:
-            self._grants_in_flight -= 1
             self._busy.discard(key)
             self._redecide_if_changed(task, None)
 
     # -- publish ------------------------------------------------------------------------
 
-    def _publish_workers(self) -> None:
-        """Write the status of the workers whose status changed.
+    def _mark_worker(self, key: Key, *, urgent: bool = False) -> None:
+        """The worker's status may have changed: publish it when its interval allows
+        (``urgent``: a change of readiness or phase, at once)."""
+        now = self.clock.monotonic()
+        written = self._worker_written.get(key)
+        due = now if urgent or written is None else written + self.config.worker_status_interval
+        current = self._publish_due.get(key)
+        if current is not None and current <= due:
+            return
+        self._publish_due[key] = due
+        if due <= now:
+            self._publish_now.add(key)
+            self.poke()
+        else:
+            self._push_timer(due, (_PUBLISH, key))
 
-        A change of phase or of the Ready condition is written at once; a change of the
+    def _publish_workers(self) -> None:
+        """Write the status of the workers whose status is due and changed.
+
+        A change of phase or of the Ready condition is due at once; a change of the
         counts (in flight, served) at most every WORKER_STATUS_INTERVAL per worker; the
         deficit alone (it moves with every dispatch anywhere) never causes a write. All
-        workers together stay within WORKER_STATUS_QPS.
+        workers together stay within WORKER_STATUS_QPS. Only due workers are looked at.
         """
         now = self.clock.monotonic()
         qps = self.config.worker_status_qps
         self._status_budget = min(qps, self._status_budget + (now - self._status_budget_at) * qps)
         self._status_budget_at = now
-        if not self._dirty_workers:
+        if not self._publish_now:
             return
-        later: set[Key] = set()
-        soonest = math.inf
         stamp = rfc3339(self.clock.now())
-        for key in self._dirty_workers:
+        while self._publish_now:
+            if self._status_budget < 1:
+                # Over the rate: the rest waits for the budget to refill.
+                for key in self._publish_now:
+                    self._push_timer(now + 1 / qps, (_PUBLISH, key))
+                return
+            key = self._publish_now.pop()
+            self._publish_due.pop(key, None)
             worker = self.workers.get(key)
             scheduler = self.schedulers.get(key[0])
             if worker is None or scheduler is None or not scheduler.has_worker(key[1]):
@@ -1269,32 +1312,19 @@ class Controller:
             metrics.WORKER_DEFICIT.labels(*key).set(float(status["deficit"]))  # type: ignore[arg-type]
             metrics.WORKER_IN_FLIGHT.labels(*key).set(state.in_flight)
             metrics.WORKER_READY.labels(*key).set(1 if ready[0] is Readiness.READY else 0)
-            urgent = (
-                worker.status.phase is None
-                or worker.status.phase.value != status["phase"]
-                or _ready_condition(worker) != (ready[0].value, ready[1])
-            )
+            same_ready = _ready_condition(worker) == (ready[0].value, ready[1])
             counts = {k: v for k, v in status.items() if k not in ("deficit", "conditions")}
-            if not urgent and claims.same_worker_status(worker.status, counts):
-                continue
-            written = self._worker_written.get(key)
-            due = now if urgent or written is None else written + self.config.worker_status_interval
-            if due > now or self._status_budget < 1:
-                later.add(key)
-                soonest = min(soonest, max(due, now + 1 / qps))
+            if same_ready and claims.same_worker_status(worker.status, counts):
                 continue
             self._status_budget -= 1
             self._worker_written[key] = now
             self.stats.worker_status_writes += 1
             self._spawn(self._write_worker_status(worker, status))
-        self._dirty_workers = later
-        if later:
-            self._push_timer(soonest, (_PUBLISH, ("", "")))
 
     async def _write_worker_status(self, worker: WorkerView, status: dict[str, Any]) -> None:
         # Worker status is a report, not a decision: no precondition, last write wins.
         reply = await self._call(
-            self.kube.patch_status(WORKER_PLURAL, worker.namespace, worker.name, None, status)
+            self.kube.patch_status, WORKER_PLURAL, worker.namespace, worker.name, None, status
         )
         if reply.ok and reply.body is not None:
             self.observe_worker(reply.body)
@@ -1358,7 +1388,8 @@ class Controller:
             self.tokens.reset()
             for namespace in {key[0] for key in self.workers}:
                 self._scheduler(namespace)  # every worker, with the claims it holds
-            self._dirty_workers.update(self.workers)
+            for key in self.workers:
+                self._mark_worker(key, urgent=True)
             self._dirty.update(self.tasks)
             for task in self.tasks.values():
                 if task.pending and task.status.not_before is not None:

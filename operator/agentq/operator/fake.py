@@ -18,6 +18,7 @@ Not a test double of Kubernetes in general: only what the operator uses.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import uuid
@@ -43,6 +44,10 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             result[key] = merge_patch(result.get(key), value)
     return result
+
+
+class Hang(Exception):
+    """As an injected outcome: the call never returns (until it is cancelled)."""
 
 
 @dataclass
@@ -181,6 +186,8 @@ class FakeKube:
             return do()
         if isinstance(fault.outcome, Status):
             return Reply(fault.outcome, None, f"injected {fault.outcome.value}")
+        if isinstance(fault.outcome, Hang):
+            await asyncio.Event().wait()  # until cancelled
         if fault.applied:
             do()
         raise fault.outcome
@@ -287,4 +294,4 @@ class FakeKube:
         return None
 
 
-__all__ = ["FakeKube", "KubeError", "merge_patch"]
+__all__ = ["FakeKube", "Hang", "KubeError", "merge_patch"]
