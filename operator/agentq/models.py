@@ -448,7 +448,8 @@ class AttemptRecord(_StatusModel):
 class AgentTaskStatus(_StatusModel):
     """``AgentTask.status``, written by the operator only."""
 
-    phase: TaskPhase | None = None
+    # The CRD defaults it: a new task reads as Pending before the operator writes anything.
+    phase: TaskPhase | None = TaskPhase.PENDING
     worker: ObjectName | None = None
     attempt: int | None = Field(default=None, ge=0)
     reclaims: int | None = Field(default=None, ge=0)

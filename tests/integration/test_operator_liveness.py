@@ -47,7 +47,8 @@ def apply_json(fleet: Fleet, text: str) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={"KUBECONFIG": fleet.kubeconfig, "PATH": "/usr/bin:/bin"},
+        # HOME: kubectl keeps a cache there, which must not land in the working tree.
+        env={"KUBECONFIG": fleet.kubeconfig, "PATH": "/usr/bin:/bin", "HOME": str(fleet.workdir)},
         check=False,
     )
     assert done.returncode == 0, done.stderr
