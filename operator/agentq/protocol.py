@@ -48,7 +48,11 @@ MAX_PROGRESS_CHARS = 1024
 # JSON nested deeper than this (a task's payload, a report's result) is refused: deep
 # enough for any real document, shallow enough that no recursive code path (json,
 # copy.deepcopy, pydantic) in the operator, the sidecar or an agent can overflow.
-MAX_JSON_DEPTH = 100
+MAX_JSON_DEPTH = 64
+# A task's payload larger than this as JSON is refused (docs/api.md): the whole object
+# must fit etcd's 1.5 MiB with room for its status, and inputs this large belong in the
+# agent's own store, referenced from the payload.
+MAX_PAYLOAD_BYTES = 256 * 1024
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 

@@ -259,9 +259,11 @@ def task_view(body: Mapping[str, Any], *, size: int = 0) -> TaskView:
     too_deep = payload is not None and (
         protocol.json_depth(payload) > protocol.MAX_JSON_DEPTH or _contains_marker(payload)
     )
-    if not size and payload is not None and not too_deep:
+    payload_bytes = 0
+    if payload is not None and not too_deep:
+        payload_bytes = len(json.dumps(payload, separators=(",", ":")).encode())
         # A listed object comes without its own length: its payload's is most of it.
-        size = len(json.dumps(payload, separators=(",", ":")))
+        size = size or payload_bytes
     if size > MAX_TASK_BYTES:
         problem = Problem(
             "ObjectTooLarge",
@@ -273,6 +275,13 @@ def task_view(body: Mapping[str, Any], *, size: int = 0) -> TaskView:
         problem = Problem(
             "PayloadTooDeep",
             f"spec.payload is nested deeper than {protocol.MAX_JSON_DEPTH} levels",
+        )
+    elif payload_bytes > protocol.MAX_PAYLOAD_BYTES:
+        problem = Problem(
+            "PayloadTooLarge",
+            f"spec.payload is {payload_bytes} bytes as JSON, over "
+            f"{protocol.MAX_PAYLOAD_BYTES}: keep large inputs in your own store and put a "
+            "reference in the payload",
         )
     try:
         spec = AgentTaskSpec.model_validate(spec_data)

@@ -15,6 +15,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from kubernetes.client.rest import ApiException
 
 from agentq import protocol
 from agentq.controlplane.cluster import free_port
@@ -111,15 +112,21 @@ def test_a_payload_nested_deeply_is_unprocessable_and_the_operator_goes_on(
     assert "RecursionError" not in operator.text()
 
 
-def test_a_task_too_large_to_grant_is_unprocessable_not_pending_forever(fleet: Fleet) -> None:
+@pytest.mark.parametrize(
+    ("size", "reason"), [(300_000, "PayloadTooLarge"), (1_450_000, "ObjectTooLarge")]
+)
+def test_a_task_too_large_to_grant_is_unprocessable_not_pending_forever(
+    fleet: Fleet, size: int, reason: str
+) -> None:
+    """A 1.45 MB payload is accepted by the API server, but no grant of it fits etcd."""
     fleet.add_worker(worker("a").capabilities("llm").max_in_flight(4))
     fleet.agent("a", "complete", work_seconds=0.2)
     good_worker(fleet)
     operator = fleet.operator()
-    big = task("big").requires("llm").payload({"blob": "x" * 1_450_000})
+    big = task("big").requires("llm").payload({"blob": "x" * size})
     fleet.add_task(big)
     failed = fleet.wait_phase("big", "Failed", timeout=30)["status"]
-    assert failed["error"]["reason"] == "ObjectTooLarge"
+    assert failed["error"]["reason"] == reason
     serves_a_good_task(fleet)
     errors = [line for line in operator.text().splitlines() if '"level": "ERROR"' in line]
     assert len(errors) <= 2, errors
@@ -264,20 +271,28 @@ def test_a_refused_report_is_counted_in_status(fleet: Fleet) -> None:
     assert status(fleet, "job")["phase"] == "Running"
 
 
-def test_a_denormal_weight_does_not_break_the_workers_status(fleet: Fleet) -> None:
-    fleet.add_worker(worker("tiny").capabilities("llm").weight(5e-324).max_in_flight(4))
+def test_extreme_weights_leave_the_workers_status_finite(fleet: Fleet) -> None:
+    """A denormal weight made the deficit infinite and every status write fail; the API
+    server now refuses it (the CRD's rule) and the smallest and largest weights it takes
+    keep the status finite."""
+    with pytest.raises(ApiException, match=r"weight must be at least 0\.001"):
+        fleet.add_worker(worker("denormal").capabilities("llm").weight(5e-324))
+    fleet.add_worker(worker("tiny").capabilities("llm").weight(0.001).max_in_flight(4))
+    fleet.add_worker(worker("huge").capabilities("llm").weight(1000).max_in_flight(4))
     fleet.agent("tiny", "complete", work_seconds=0.2)
+    fleet.agent("huge", "complete", work_seconds=0.2)
     fleet.operator()
-    for i in range(3):
-        fleet.add_task(task(f"t{i}").requires("llm"))
+    for i in range(6):
+        fleet.add_task(task(f"t{i}").requires("llm").cost(1000 if i % 2 else 0.001))
     fleet.wait_all(
         lambda items: all((t.get("status") or {}).get("phase") == "Succeeded" for t in items)
     )
-    fleet.wait_all(lambda _: fleet.worker("tiny").get("status", {}).get("servedCost") == 3)
-    st = fleet.worker("tiny")["status"]
-    assert st["phase"] == "Ready"
-    for key in ("deficit", "servedCost", "inFlightCost"):
-        assert abs(st[key]) < 1e301, (key, st[key])
+    for name in ("tiny", "huge"):
+        fleet.wait_all(lambda _, n=name: fleet.worker(n).get("status", {}).get("inFlight") == 0)
+        st = fleet.worker(name)["status"]
+        assert st["phase"] == "Ready"
+        for key in ("deficit", "servedCost", "inFlightCost"):
+            assert abs(st[key]) < 1e301, (name, key, st[key])
 
 
 def ready_condition(fleet: Fleet, name: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from agentq import claims, lifecycle, protocol, views
 from agentq.claims import Decision, LeaseOp, Readiness
 from agentq.clock import Clock, micro_rfc3339, parse_time, rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
-from agentq.models import TASK_PLURAL, WORKER_PLURAL, TaskPhase
+from agentq.models import MIN_WEIGHT, TASK_PLURAL, WORKER_PLURAL, TaskPhase
 from agentq.operator import metrics
 from agentq.operator.cache import Key, PendingQueue, Timers, Tombstones, newer
 from agentq.operator.config import OperatorConfig
@@ -65,9 +65,6 @@ _PUBLISH = "publish"  # worker status deferred by its interval or the rate limit
 _DIAGNOSE_SECONDS = 30.0  # least time between two reads of a worker's unlabelled Lease
 _RETRY_SECONDS = 1.0  # after an unknown outcome, look again this much later
 _UNWRITABLE_SECONDS = 600.0  # after a write the API server refuses for good
-# Smallest weight the scheduling core is given: a denormal weight would make credit
-# infinite (and the worker's status unwritable).
-_MIN_WEIGHT = 1e-6
 
 
 class WatchHealth:
@@ -521,7 +518,7 @@ class Controller:
             WorkerSpec(
                 name=worker.name,
                 capabilities=worker.spec.capabilities,
-                weight=max(_MIN_WEIGHT, weight) if math.isfinite(weight) else 1.0,
+                weight=max(MIN_WEIGHT, weight) if math.isfinite(weight) else 1.0,
                 max_in_flight=worker.spec.max_in_flight,
                 paused=worker.spec.paused,
                 # Paused workers keep their readiness (Draining); the core reads paused.

@@ -56,6 +56,12 @@ def test_a_task_too_large_to_grant_is_a_problem() -> None:
     assert view.problem is not None and view.problem.reason == "ObjectTooLarge"
 
 
+def test_a_payload_too_large_is_a_problem() -> None:
+    body = task("t").payload({"blob": "x" * (300 * 1024)}).namespace("ns").obj()
+    view = views.task_view(body)
+    assert view.problem is not None and view.problem.reason == "PayloadTooLarge"
+
+
 def test_a_status_field_that_does_not_fit_is_dropped_not_fatal() -> None:
     body: dict[str, Any] = task("t").namespace("ns").obj()
     body["status"] = {"phase": "Running", "worker": "w", "fencingToken": "seven", "attempt": 1}
