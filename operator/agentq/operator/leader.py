@@ -136,11 +136,13 @@ class LeaderElector:
             while not stop.is_set():
                 started = self.clock.monotonic()
                 try:
+                    # As client-go's renew loop: a slow API server may take up to the renew
+                    # deadline; past it the leader has stopped deciding anyway.
                     ok = await asyncio.wait_for(
-                        self.try_acquire_or_renew(), timeout=self.retry_seconds
+                        self.try_acquire_or_renew(), timeout=self.renew_deadline
                     )
                 except (TimeoutError, KubeError) as err:  # the API server is away or slow
-                    log.warning("leader election round failed: %s", err or type(err).__name__)
+                    log.warning("leader election round failed: %s", str(err) or type(err).__name__)
                     ok = False
                 now = self.clock.monotonic()
                 if ok and not stop.is_set():
