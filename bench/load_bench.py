@@ -468,6 +468,12 @@ async def dispatch(
         await create_workers(env, ns, workers, per_worker)
         fleet, _ = start_fleet(env, ns, workers, tag=f"{variant.name}-{tasks}")
         await create_tasks(env, ns, tasks, lease=900)
+        # When each task was first seen granted: from a watch of our own, opened before the
+        # operator starts, so measuring costs the operator nothing (scraping would).
+        granted: dict[str, float] = {}
+        connected = asyncio.Event()
+        watcher = asyncio.create_task(watch_grants(env, ns, granted, connected))
+        await asyncio.wait_for(connected.wait(), timeout=60)
         writes0 = await apiserver_writes(env.api)
         cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
         operator = start_operator(env, ns, variant, f"{tasks}")
@@ -477,10 +483,6 @@ async def dispatch(
             OUT.mkdir(exist_ok=True)
             spy_out = OUT / f"profile-{variant.name}-{tasks}.txt"
             spy = py_spy(operator.pid, spy_out, seconds=600)
-        # When each task was first seen granted: from a watch of our own, so measuring
-        # does not cost the operator anything (scraping its /metrics would).
-        granted: dict[str, float] = {}
-        watcher = asyncio.create_task(watch_grants(env, ns, granted))
         samples: list[tuple[float, int, float]] = []  # (t, granted so far, operator cpu)
         deadline = time.monotonic() + max(300, tasks / 5)
         while True:
@@ -565,7 +567,9 @@ async def quiet_writes(api: Api, *, limit: float = 20.0) -> collections.Counter[
     return last
 
 
-async def watch_grants(env: Env, ns: str, granted: dict[str, float]) -> None:
+async def watch_grants(
+    env: Env, ns: str, granted: dict[str, float], connected: asyncio.Event
+) -> None:
     """Record when each task of ``ns`` is first seen with a worker."""
     _, listed = await env.api.request("GET", TASKS.format(ns=ns) + "?limit=1")
     rv = listed["metadata"]["resourceVersion"]
@@ -575,6 +579,7 @@ async def watch_grants(env: Env, ns: str, granted: dict[str, float]) -> None:
         headers=env.api.connection.headers(),
         timeout=aiohttp.ClientTimeout(total=None),
     ) as rsp:
+        connected.set()
         async for line in rsp.content:
             event = json.loads(line)
             obj = event.get("object") or {}
