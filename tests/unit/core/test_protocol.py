@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentq import protocol
 
@@ -130,3 +134,41 @@ def test_json_depth_counts_without_recursion() -> None:
     for _ in range(50_000):
         deep = [deep]
     assert protocol.json_depth(deep) == protocol.MAX_JSON_DEPTH + 1
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_reportish = st.fixed_dictionaries(
+    {},
+    optional={
+        "token": _json,
+        "worker": _json,
+        "outcome": st.sampled_from(["Succeeded", "Failed", "Maybe"]) | _json,
+        "result": _json,
+        "resultRef": _json,
+        "error": _json
+        | st.fixed_dictionaries(
+            {}, optional={"reason": _json, "message": _json, "retryable": _json}
+        ),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(_reportish.map(json.dumps), st.text(max_size=200)))
+def test_decoding_any_text_gives_a_valid_report_or_a_protocol_error(text: str) -> None:
+    try:
+        report = protocol.Report.decode(text)
+    except protocol.ProtocolError:
+        return
+    assert type(report.token) is int and report.token >= 1
+    assert isinstance(report.worker, str) and report.worker
+    assert report.outcome in ("Succeeded", "Failed")
+    assert report.result_ref is None or len(report.result_ref) <= protocol.MAX_RESULT_REF_CHARS
+    if report.error is not None:
+        assert isinstance(report.error.retryable, bool)
