@@ -227,7 +227,7 @@ def start_operator(env: Env, ns: str, variant: Variant, tag: str) -> Operator:
         "--leader-namespace",
         ns,
         "--log-level",
-        "WARNING",
+        os.environ.get("BENCH_OPERATOR_LOG_LEVEL", "WARNING"),
         *variant.flags,
     ]
     with open(log, "ab") as out:
@@ -570,22 +570,35 @@ async def quiet_writes(api: Api, *, limit: float = 20.0) -> collections.Counter[
 async def watch_grants(
     env: Env, ns: str, granted: dict[str, float], connected: asyncio.Event
 ) -> None:
-    """Record when each task of ``ns`` is first seen with a worker."""
+    """Record when each task of ``ns`` is first seen with a worker (resuming the watch
+    from the last version seen if the connection drops)."""
     _, listed = await env.api.request("GET", TASKS.format(ns=ns) + "?limit=1")
     rv = listed["metadata"]["resourceVersion"]
-    path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
-    async with env.api.session.get(
-        env.api.connection.server + path,
-        headers=env.api.connection.headers(),
-        timeout=aiohttp.ClientTimeout(total=None),
-    ) as rsp:
-        connected.set()
-        async for line in rsp.content:
-            event = json.loads(line)
-            obj = event.get("object") or {}
-            name = (obj.get("metadata") or {}).get("name")
-            if (obj.get("status") or {}).get("worker") and name not in granted:
-                granted[name] = time.monotonic()
+    while True:
+        path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
+        try:
+            async with env.api.session.get(
+                env.api.connection.server + path,
+                headers=env.api.connection.headers(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+            ) as rsp:
+                connected.set()
+                buffer = b""
+                async for chunk in rsp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        name = (obj.get("metadata") or {}).get("name")
+                        if (obj.get("status") or {}).get("worker") and name not in granted:
+                            granted[name] = time.monotonic()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            print(f"grants watch: {type(err).__name__}: {err}; resuming", flush=True)
+            await asyncio.sleep(0.2)
 
 
 async def renewal_cost(
