@@ -545,17 +545,24 @@ class Controller:
         if now - when < _DIAGNOSE_SECONDS or not self.leading:
             return
         self._unlabelled[key] = (found, now)
+        # Looked at again after the interval even if no event comes (the read may fail).
+        self._push_timer(now + _DIAGNOSE_SECONDS, (_WORKER, key))
         self._spawn(self._diagnose(key))
 
     async def _diagnose(self, key: Key) -> None:
-        reply = await self.kube.get_lease(key[0], protocol.worker_lease_name(key[1]))
+        try:
+            reply = await self._call(
+                self.kube.get_lease, key[0], protocol.worker_lease_name(key[1])
+            )
+        except KubeError as err:
+            log.info("could not read the Lease of worker %s/%s: %s", *key, err)
+            return
         found = reply.ok and reply.body is not None
         if found and reply.body is not None:
             labels = (reply.body.get("metadata") or {}).get("labels") or {}
             found = labels.get(protocol.LABEL_LEASE_KIND) != protocol.LEASE_KIND_WORKER
         self._unlabelled[key] = (found, self.clock.monotonic())
         self._evaluate_worker(key)
-        self._push_timer(self.clock.monotonic() + _DIAGNOSE_SECONDS, (_WORKER, key))
         self.poke()
 
     def _coverage_changed(self, namespace: str) -> None:
