@@ -562,6 +562,12 @@ class Controller:
             labels = (reply.body.get("metadata") or {}).get("labels") or {}
             found = labels.get(protocol.LABEL_LEASE_KIND) != protocol.LEASE_KIND_WORKER
         self._unlabelled[key] = (found, self.clock.monotonic())
+        log.info(
+            "worker %s/%s: Lease %s %s",
+            *key,
+            protocol.worker_lease_name(key[1]),
+            "exists without our label" if found else "is missing",
+        )
         self._evaluate_worker(key)
         self.poke()
 
