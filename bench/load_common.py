@@ -47,13 +47,21 @@ class Api:
         if body is not None:
             data = json.dumps(body)
             headers["Content-Type"] = content_type
-        async with self.session.request(
-            method, self.connection.server + path, data=data, headers=headers
-        ) as rsp:
-            text = await rsp.text()
-            if rsp.status not in ok:
-                return rsp.status, text
-            return rsp.status, json.loads(text) if text else None
+        # A loaded API server sometimes cuts a large answer short: reads are retried.
+        for attempt in range(5):
+            try:
+                async with self.session.request(
+                    method, self.connection.server + path, data=data, headers=headers
+                ) as rsp:
+                    text = await rsp.text()
+                    if rsp.status not in ok:
+                        return rsp.status, text
+                    return rsp.status, json.loads(text) if text else None
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                if method != "GET" or attempt == 4:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def text(self, path: str) -> str:
         async with self.session.get(
