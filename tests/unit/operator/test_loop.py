@@ -212,3 +212,33 @@ async def test_expiry_is_judged_by_the_tasks_lease_duration_not_the_leases_own()
     await h.settle()
     await h.advance(5.5)
     assert h.status("t")["reclaims"] == 1
+
+
+@run
+async def test_a_lease_replace_that_loses_a_race_is_retried_as_a_clean_create() -> None:
+    """A replace answered 409 is retried as a create: without the resourceVersion the
+    replace carried (the API server answers such a create with a 500)."""
+    from agentq import views
+
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    old = h.lease("t")
+    assert old is not None
+    old["metadata"]["annotations"][protocol.ANNOTATION_TOKEN] = "0"  # not a token we wrote
+    stale = views.lease_view(old)
+    h.kube.remove("leases", NS, protocol.task_lease_name("t"))
+    h.kube.inject("replace_lease", Status.CONFLICT)
+    created: list[dict] = []
+    original = h.kube.create_lease
+
+    async def create(namespace: str, body: dict) -> object:
+        created.append(dict(body["metadata"]))
+        return await original(namespace, body)
+
+    h.kube.create_lease = create  # type: ignore[method-assign]
+    task_view = h.controller.tasks[(NS, "t")]
+    await h.controller._write_grant(task_view, stale)
+    assert created and all("resourceVersion" not in meta for meta in created)
+    assert h.lease("t") is not None
