@@ -417,13 +417,10 @@ class Cluster:
             raise ClusterError(f"{name} was not started by this Cluster object")
         args, tie_to_parent, certs = self._started[name]
         pid = state.pids[name]
-        if pid_runs(pid, state.binaries[name]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            if not _wait_gone(pid, state.binaries[name], 10.0):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                _wait_gone(pid, state.binaries[name], 5.0)
+        try:
+            procs.stop(pid, state.binaries[name], name=name)
+        except procs.ProcessError as err:
+            raise ClusterError(str(err)) from err
         child = self._children.pop(pid, None)
         if child is not None:
             child.wait(timeout=5)
