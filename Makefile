@@ -7,12 +7,13 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test bench demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test bench bench-load demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
 	@echo "make demo     run agentq on the embedded control plane"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
+	@echo "make bench-load  the operator under load on the embedded control plane (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
@@ -101,6 +102,13 @@ test: venv system-deps controlplane check
 
 bench: venv
 	$(BIN)/python bench/scheduler_bench.py
+
+# The operator under load (not part of make test: it takes ~15 minutes and wants a quiet
+# machine). BENCH_LOAD_ARGS adds or overrides options, e.g. a before/after comparison:
+#   git archive main | tar -x -C /tmp/main && make bench-load BENCH_LOAD_ARGS=--variants=new,baseline=/tmp/main
+BENCH_LOAD_ARGS ?=
+bench-load: venv controlplane
+	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --write-docs $(BENCH_LOAD_ARGS)
 
 demo: venv controlplane
 	$(BIN)/python -m agentq.demo

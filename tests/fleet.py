@@ -37,6 +37,9 @@ class ControlPlane:
     bin_dir: str
     server: str
     kubectl_path: str
+    # The embedded cluster's handle (None for an external cluster): fault tests restart
+    # its API server with ``cluster.restart("kube-apiserver")``.
+    cluster: Any = None
 
     def env(self) -> dict[str, str]:
         return {
@@ -381,10 +384,18 @@ class Fleet:
             self.namespace,
             *flags,
         ]
+        extra = dict(env or {})
+        # AGENTQ_TEST_OPERATOR_SRC=DIR runs the operator from another source tree (its
+        # operator/ directory), e.g. `git archive main`: to see a test fail before a fix.
+        src = os.environ.get("AGENTQ_TEST_OPERATOR_SRC")
+        if src:
+            extra["PYTHONPATH"] = str(Path(src) / "operator")
+            at = args.index(AGENTQ)
+            args = [*args[:at], sys.executable, "-m", "agentq.cli", *args[at + 1 :]]
         proc = Process(
             args,
             self.workdir / f"operator-{len(self.processes)}.log",
-            {**self._env(), **(env or {})},
+            {**self._env(), **extra},
         )
         self.processes.append(proc)
         return proc

@@ -10,6 +10,15 @@ started gives every lease a full duration before judging it.
 
 Progress is tracked the same way: the time the progress marker was last seen
 to change, for ``progressDeadlineSeconds``.
+
+The duration a lease is judged by is the caller's to give: for a task claim it
+is the TASK's ``spec.leaseDurationSeconds``, never the Lease's own field, which
+its holder can edit (a holder that wrote 86400 there would never expire).
+
+Time the observer did not observe does not count against a holder: after a
+stall of the observer (``credit``, e.g. its process was stopped, or its watch
+was down) every lease is given back the stalled time, so an observer that wakes
+up does not reclaim every lease at once.
 """
 
 from __future__ import annotations
@@ -24,8 +33,8 @@ class LeaseRecord:
 
     holder: str | None
     renew_time: str | None
-    duration: float
-    token: int | None = None
+    duration: float = 0.0  # the default duration to judge by (callers may pass their own)
+    token: int | str | None = None
     progress: str | None = None
 
 
@@ -79,24 +88,46 @@ class LeaseTracker:
         seen = self._seen.get(key)
         return None if seen is None else seen.changed_at
 
-    def expires_at(self, key: Hashable) -> float | None:
-        """The monotonic time at which the lease expires unless it changes first."""
-        seen = self._seen.get(key)
-        return None if seen is None else seen.changed_at + seen.record.duration
+    def expires_at(self, key: Hashable, duration: float | None = None) -> float | None:
+        """The monotonic time at which the lease expires unless it changes first.
 
-    def expired(self, key: Hashable, now: float) -> bool:
-        deadline = self.expires_at(key)
+        ``duration``: the lease duration to judge by (default: the record's own).
+        """
+        seen = self._seen.get(key)
+        if seen is None:
+            return None
+        return seen.changed_at + (seen.record.duration if duration is None else duration)
+
+    def expired(self, key: Hashable, now: float, duration: float | None = None) -> bool:
+        deadline = self.expires_at(key, duration)
         return deadline is not None and now >= deadline
 
-    def fresh(self, key: Hashable, now: float) -> bool:
+    def fresh(self, key: Hashable, now: float, duration: float | None = None) -> bool:
         """Known and not expired."""
-        deadline = self.expires_at(key)
+        deadline = self.expires_at(key, duration)
         return deadline is not None and now < deadline
+
+    def progress_changed_at(self, key: Hashable) -> float | None:
+        seen = self._seen.get(key)
+        return None if seen is None else seen.progress_changed_at
 
     def progress_stalled_for(self, key: Hashable, now: float) -> float:
         """Seconds since the progress marker (or the token) last changed; 0 if unknown."""
         seen = self._seen.get(key)
         return 0.0 if seen is None else now - seen.progress_changed_at
+
+    def credit(self, seconds: float) -> None:
+        """The observer was blind for ``seconds`` (stopped, or its watch was down):
+        every lease gets that time back: what was left of its duration when the
+        blindness began is left again when it ends. O(leases); blindness is rare."""
+        if seconds <= 0:
+            return
+        for seen in self._seen.values():
+            seen.changed_at += seconds
+            seen.progress_changed_at += seconds
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
     def known(self) -> list[Hashable]:
         return list(self._seen)

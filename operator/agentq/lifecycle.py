@@ -1,84 +1,182 @@
-"""The AgentTask state machine, as pure functions from a task to a status patch.
+"""The AgentTask state machine, as pure functions from a typed status to a status patch.
 
 Every transition the operator makes is decided here and returned as a value: a
-JSON merge patch for ``status`` (and the event to record). The glue applies it
-with a resourceVersion precondition, so a decision made on a stale snapshot is
-refused by the API server instead of overwriting newer state.
+JSON merge patch for ``status`` (and the events that record it). The glue
+applies it with a resourceVersion precondition, so a decision made on a stale
+snapshot is refused by the API server instead of overwriting newer state.
 
-Phases: Pending -> Assigned -> Running -> Succeeded | Failed | DeadLettered,
-with Pending again after a failed attempt (expired lease, retryable failure,
-progress deadline exceeded) while ``reclaims <= maxReclaims``, and Held for
-``onLeaseExpiry: Hold``. Counting: ``reclaims`` is the number of failed
-attempts so far; the attempt that makes it exceed ``maxReclaims`` dead-letters
-the task, so a poison task gets exactly ``maxReclaims + 1`` attempts.
+Phases (``agentq.models.TaskPhase``): Pending -> Assigned -> Running ->
+Succeeded | Failed | DeadLettered, with Pending again after a failed attempt
+(expired lease, retryable failure, progress deadline exceeded) while
+``reclaims <= maxReclaims``, and Held for ``onLeaseExpiry: Hold``. Counting:
+``reclaims`` is the number of failed attempts so far; the attempt that makes it
+exceed ``maxReclaims`` dead-letters the task, so a poison task gets exactly
+``maxReclaims + 1`` attempts. A task the operator cannot process at all (see
+``unprocessable``) ends Failed with an ``Unprocessable`` condition.
+
+Everything copied from what a holder wrote (reason, message, progress) is cut
+to what the CRD schema accepts, so a status write is never refused for size.
 """
 
 from __future__ import annotations
 
 import datetime
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentq.clock import rfc3339
-from agentq.models import RetryBackoff, condition_reason
-from agentq.protocol import Report
+from agentq.models import (
+    MAX_HISTORY,
+    AgentTaskStatus,
+    AttemptOutcome,
+    ConditionStatus,
+    RetryBackoff,
+    TaskPhase,
+    condition_reason,
+)
+from agentq.protocol import (
+    MAX_MESSAGE_CHARS,
+    MAX_PROGRESS_CHARS,
+    MAX_REASON_CHARS,
+    Report,
+    bounded_text,
+)
 
-HISTORY_LIMIT = 20
-ACTIVE_PHASES = frozenset({"Assigned", "Running"})
+HISTORY_LIMIT = MAX_HISTORY
+# A condition's message: the CRD accepts 32768 characters; events cut at 1024.
+_CONDITION_MESSAGE_CHARS = 4096
+
+# Condition types the operator sets on an AgentTask.
+ASSIGNED = "Assigned"
+COMPLETE = "Complete"
+DEAD_LETTERED = "DeadLettered"
+HELD = "Held"
+UNSCHEDULABLE = "Unschedulable"
+UNPROCESSABLE = "Unprocessable"
 
 
 @dataclass(frozen=True)
 class Transition:
-    """A decided change: the status merge patch and the event that records it."""
+    """A decided change: the status merge patch and the events that record it.
+
+    ``reason`` / ``message`` / ``warning`` describe the main event (no event when
+    ``reason`` is empty); ``extra_events`` (reason, message, warning) are recorded first.
+    """
 
     patch: dict[str, Any]
     reason: str
     message: str
     warning: bool = False
-    extra_events: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    extra_events: tuple[tuple[str, str, bool], ...] = field(default_factory=tuple)
 
     @property
-    def phase(self) -> str | None:
+    def phase(self) -> TaskPhase | None:
         phase = self.patch.get("phase")
-        return str(phase) if phase is not None else None
+        return TaskPhase(phase) if phase is not None else None
+
+    def then(self, other: Transition) -> Transition:
+        """This transition followed by ``other``, as one patch (``other`` wins a field)."""
+        return Transition(
+            patch={**self.patch, **other.patch},
+            reason=other.reason or self.reason,
+            message=other.message if other.reason else self.message,
+            warning=other.warning if other.reason else self.warning,
+            extra_events=(
+                *self.extra_events,
+                *(
+                    ((self.reason, self.message, self.warning),)
+                    if self.reason and other.reason
+                    else ()
+                ),
+                *other.extra_events,
+            ),
+        )
+
+    def apply(self, status: AgentTaskStatus) -> AgentTaskStatus:
+        """``status`` with the patch merged in (what the API server will store)."""
+        merged = {**status.to_dict(), **self.patch}
+        return AgentTaskStatus.model_validate({k: v for k, v in merged.items() if v is not None})
 
 
-def _history(status: dict[str, Any], entry: dict[str, Any]) -> list[dict[str, Any]]:
-    history = [*list(status.get("history") or []), entry]
+def merge(transitions: list[Transition]) -> Transition | None:
+    """Several transitions decided on one snapshot, as one write."""
+    if not transitions:
+        return None
+    merged = transitions[0]
+    for t in transitions[1:]:
+        merged = merged.then(t)
+    return merged
+
+
+def _history(status: AgentTaskStatus, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    history = [h.to_dict() for h in status.history or []]
+    history.append(entry)
     return history[-HISTORY_LIMIT:]
 
 
 def _condition(kind: str, ok: bool, reason: str, message: str, now: str) -> dict[str, Any]:
     return {
         "type": kind,
-        "status": "True" if ok else "False",
+        "status": (ConditionStatus.TRUE if ok else ConditionStatus.FALSE).value,
         # Agents report free-form reasons; a condition's reason must be a CamelCase word.
         "reason": condition_reason(reason),
-        "message": message,
+        "message": bounded_text(message, _CONDITION_MESSAGE_CHARS),
         "lastTransitionTime": now,
     }
 
 
-def _conditions(status: dict[str, Any], *new: dict[str, Any]) -> list[dict[str, Any]]:
-    kinds = {c["type"] for c in new}
-    kept = [c for c in status.get("conditions") or [] if c.get("type") not in kinds]
+def _conditions(
+    status: AgentTaskStatus, *new: dict[str, Any], drop: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    replaced = {c["type"] for c in new} | set(drop)
+    kept = [c.to_dict() for c in status.conditions or [] if c.type not in replaced]
     return [*kept, *new]
 
 
+def condition(status: AgentTaskStatus, kind: str) -> tuple[bool, str] | None:
+    """(is it True, its message) for the condition ``kind``, if the status has it."""
+    for c in status.conditions or []:
+        if c.type == kind:
+            return c.status is ConditionStatus.TRUE, c.message
+    return None
+
+
+def _entry(
+    status: AgentTaskStatus, *, outcome: AttemptOutcome, reason: str, now: str
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "outcome": outcome.value,
+        "reason": bounded_text(reason, MAX_REASON_CHARS),
+        "time": now,
+    }
+    if status.worker is not None:
+        entry["worker"] = status.worker
+    if status.fencing_token is not None:
+        entry["token"] = status.fencing_token
+    if status.attempt is not None:
+        entry["attempt"] = status.attempt
+    return entry
+
+
 def grant(
-    status: dict[str, Any], *, worker: str, lease_name: str, now: datetime.datetime
+    status: AgentTaskStatus,
+    *,
+    worker: str,
+    lease_name: str,
+    token: int,
+    now: datetime.datetime,
 ) -> Transition:
-    """Assign the task to ``worker`` with a fencing token above every earlier one."""
-    token = int(status.get("fencingToken") or 0) + 1
-    attempt = int(status.get("attempt") or 0) + 1
+    """Assign the task to ``worker`` with ``token``, which must exceed every earlier one."""
+    if token <= (status.fencing_token or 0):
+        raise ValueError(f"token {token} is not above the task's {status.fencing_token}")
+    attempt = (status.attempt or 0) + 1
     stamp = rfc3339(now)
     return Transition(
         patch={
-            "phase": "Assigned",
+            "phase": TaskPhase.ASSIGNED.value,
             "worker": worker,
             "attempt": attempt,
-            "reclaims": int(status.get("reclaims") or 0),
+            "reclaims": status.reclaims or 0,
             "fencingToken": token,
             "leaseName": lease_name,
             "assignedAt": stamp,
@@ -88,7 +186,9 @@ def grant(
             "progress": None,
             "lastTransitionTime": stamp,
             "conditions": _conditions(
-                status, _condition("Assigned", True, "Assigned", f"assigned to {worker}", stamp)
+                status,
+                _condition(ASSIGNED, True, "Assigned", f"assigned to {worker}", stamp),
+                drop=(UNSCHEDULABLE,),
             ),
         },
         reason="Assigned",
@@ -96,92 +196,99 @@ def grant(
     )
 
 
-def start(status: dict[str, Any], *, now: datetime.datetime) -> Transition:
+def start(status: AgentTaskStatus, *, now: datetime.datetime) -> Transition:
     """The holder renewed its claim for the first time: the attempt runs."""
     stamp = rfc3339(now)
     return Transition(
-        patch={"phase": "Running", "startedAt": stamp, "lastTransitionTime": stamp},
+        patch={"phase": TaskPhase.RUNNING.value, "startedAt": stamp, "lastTransitionTime": stamp},
         reason="Running",
-        message=f"worker {status.get('worker')} started attempt {status.get('attempt')}",
+        message=f"worker {status.worker} started attempt {status.attempt}",
     )
 
 
-def progress(_status: dict[str, Any], *, marker: str) -> Transition:
-    return Transition(patch={"progress": marker}, reason="", message="")
+def progress(_status: AgentTaskStatus, *, marker: str) -> Transition:
+    """Copy the holder's progress marker (cut to what status accepts); no event."""
+    return Transition(
+        patch={"progress": bounded_text(marker, MAX_PROGRESS_CHARS)}, reason="", message=""
+    )
 
 
-def succeed(status: dict[str, Any], report: Report, *, now: datetime.datetime) -> Transition:
+def succeed(status: AgentTaskStatus, report: Report, *, now: datetime.datetime) -> Transition:
     stamp = rfc3339(now)
     return Transition(
         patch={
-            "phase": "Succeeded",
+            "phase": TaskPhase.SUCCEEDED.value,
             "result": report.result,
             "resultRef": report.result_ref,
             "error": None,
             "finishedAt": stamp,
             "lastTransitionTime": stamp,
+            "graceUntil": None,
             "history": _history(
-                status, _entry(status, outcome="Succeeded", reason="Completed", now=stamp)
+                status,
+                _entry(status, outcome=AttemptOutcome.SUCCEEDED, reason="Completed", now=stamp),
             ),
             "conditions": _conditions(
                 status,
-                _condition("Complete", True, "Succeeded", "the agent reported success", stamp),
+                _condition(COMPLETE, True, "Succeeded", "the agent reported success", stamp),
             ),
         },
         reason="Succeeded",
-        message=f"worker {report.worker} completed attempt {status.get('attempt')}",
+        message=f"worker {report.worker} completed attempt {status.attempt}",
     )
 
 
-def _entry(status: dict[str, Any], *, outcome: str, reason: str, now: str) -> dict[str, Any]:
+def _error(reason: str, message: str, retryable: bool) -> dict[str, Any]:
     return {
-        "worker": status.get("worker"),
-        "token": status.get("fencingToken"),
-        "attempt": status.get("attempt"),
-        "outcome": outcome,
-        "reason": reason,
-        "time": now,
+        "reason": bounded_text(reason, MAX_REASON_CHARS),
+        "message": bounded_text(message, MAX_MESSAGE_CHARS),
+        "retryable": retryable,
     }
 
 
 def fail_attempt(
-    status: dict[str, Any],
+    status: AgentTaskStatus,
     *,
     reason: str,
     message: str,
     max_reclaims: int,
     backoff: RetryBackoff,
     now: datetime.datetime,
-    rng: random.Random,
-    error: dict[str, Any] | None = None,
+    rand: float,
+    retryable: bool = True,
 ) -> Transition:
     """A failed attempt (lease expired, retryable failure, progress deadline exceeded).
 
     Back to Pending after a backoff while failures stay within ``max_reclaims``;
-    otherwise DeadLettered.
+    otherwise DeadLettered. ``rand`` is a uniform draw from [0, 1) for the jitter.
     """
     stamp = rfc3339(now)
-    reclaims = int(status.get("reclaims") or 0) + 1
-    history = _history(status, _entry(status, outcome="Failed", reason=reason, now=stamp))
+    reclaims = (status.reclaims or 0) + 1
+    short_reason = bounded_text(reason, MAX_REASON_CHARS)
+    history = _history(
+        status, _entry(status, outcome=AttemptOutcome.FAILED, reason=short_reason, now=stamp)
+    )
     common: dict[str, Any] = {
         "reclaims": reclaims,
         "worker": None,
         "history": history,
         "lastTransitionTime": stamp,
         "graceUntil": None,
-        "error": error or {"reason": reason, "message": message, "retryable": True},
+        "error": _error(reason, message, retryable),
     }
+    # Event messages are cut at 1024 characters by the glue; keep the reason readable.
+    said = bounded_text(f"{short_reason}: {message}", 512)
     if reclaims > max_reclaims:
         return Transition(
             patch={
                 **common,
-                "phase": "DeadLettered",
+                "phase": TaskPhase.DEAD_LETTERED.value,
                 "finishedAt": stamp,
                 "notBefore": None,
                 "conditions": _conditions(
                     status,
                     _condition(
-                        "DeadLettered",
+                        DEAD_LETTERED,
                         True,
                         reason,
                         f"{reclaims} failed attempts exceed maxReclaims={max_reclaims}",
@@ -191,109 +298,172 @@ def fail_attempt(
             },
             reason="DeadLettered",
             message=(
-                f"attempt {status.get('attempt')} failed ({reason}: {message}); "
+                f"attempt {status.attempt} failed ({said}); "
                 f"{reclaims} failed attempts exceed maxReclaims={max_reclaims}"
             ),
             warning=True,
-            extra_events=(("Reclaimed", f"{reason}: {message}"),),
+            extra_events=(("Reclaimed", said, True),),
         )
-    delay = backoff.delay_seconds(reclaims, rand=rng.random())
+    delay = backoff.delay_seconds(reclaims, rand=rand)
     return Transition(
         patch={
             **common,
-            "phase": "Pending",
+            "phase": TaskPhase.PENDING.value,
             "notBefore": rfc3339(now + datetime.timedelta(seconds=delay)),
         },
         reason="Reclaimed",
         message=(
-            f"attempt {status.get('attempt')} on {status.get('worker')} failed ({reason}: "
-            f"{message}); failure {reclaims} of at most {max_reclaims + 1}, "
-            f"retrying in {delay:.1f}s"
+            f"attempt {status.attempt} on {status.worker} failed ({said}); "
+            f"failure {reclaims} of at most {max_reclaims + 1}, retrying in {delay:.1f}s"
         ),
         warning=True,
     )
 
 
-def fail_terminal(status: dict[str, Any], report: Report, *, now: datetime.datetime) -> Transition:
+def fail_terminal(status: AgentTaskStatus, report: Report, *, now: datetime.datetime) -> Transition:
     """The agent reported a non-retryable failure: the task is Failed, not retried."""
     stamp = rfc3339(now)
     error = report.error
     reason = error.reason if error else "Failed"
+    short_reason = bounded_text(reason, MAX_REASON_CHARS)
     return Transition(
         patch={
-            "phase": "Failed",
-            "error": {
-                "reason": reason,
-                "message": error.message if error else "",
-                "retryable": False,
-            },
+            "phase": TaskPhase.FAILED.value,
+            "error": _error(reason, error.message if error else "", False),
             "finishedAt": stamp,
             "lastTransitionTime": stamp,
-            "history": _history(status, _entry(status, outcome="Failed", reason=reason, now=stamp)),
+            "graceUntil": None,
+            "history": _history(
+                status,
+                _entry(status, outcome=AttemptOutcome.FAILED, reason=short_reason, now=stamp),
+            ),
         },
         reason="Failed",
-        message=f"worker {report.worker} reported a non-retryable failure: {reason}",
+        message=(
+            f"worker {report.worker} reported a non-retryable failure: "
+            f"{bounded_text(short_reason, 256)}"
+        ),
         warning=True,
     )
 
 
-def hold(status: dict[str, Any], *, reason: str, now: datetime.datetime) -> Transition:
+def hold(status: AgentTaskStatus, *, reason: str, now: datetime.datetime) -> Transition:
     stamp = rfc3339(now)
     return Transition(
         patch={
-            "phase": "Held",
+            "phase": TaskPhase.HELD.value,
             "lastTransitionTime": stamp,
-            "history": _history(status, _entry(status, outcome="Held", reason=reason, now=stamp)),
+            "history": _history(
+                status, _entry(status, outcome=AttemptOutcome.HELD, reason=reason, now=stamp)
+            ),
             "conditions": _conditions(
-                status, _condition("Held", True, reason, "waiting for a person to requeue", stamp)
+                status, _condition(HELD, True, reason, "waiting for a person to requeue", stamp)
             ),
         },
         reason="Held",
         message=(
-            f"lease of attempt {status.get('attempt')} on {status.get('worker')} expired; "
+            f"lease of attempt {status.attempt} on {status.worker} expired; "
             "held for a person (agentq requeue)"
         ),
         warning=True,
-        extra_events=(("LeaseExpired", f"lease held by {status.get('worker')} expired"),),
+        extra_events=(("LeaseExpired", f"lease held by {status.worker} expired", True),),
     )
 
 
 def grace(
-    status: dict[str, Any], *, until: datetime.datetime, now: datetime.datetime
+    status: AgentTaskStatus, *, until: datetime.datetime, now: datetime.datetime
 ) -> Transition:
     return Transition(
         patch={"graceUntil": rfc3339(until), "lastTransitionTime": rfc3339(now)},
         reason="LeaseExpired",
         message=(
-            f"lease held by {status.get('worker')} expired; accepting a late report "
-            f"until {rfc3339(until)}"
+            f"lease held by {status.worker} expired; accepting a late report until {rfc3339(until)}"
         ),
         warning=True,
     )
 
 
-def requeue(status: dict[str, Any], *, now: datetime.datetime, request: str) -> Transition:
+def end_grace(_status: AgentTaskStatus) -> Transition:
+    """The holder renewed within its grace period: the claim goes on."""
+    return Transition(patch={"graceUntil": None}, reason="", message="")
+
+
+def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) -> Transition:
     """A person redrives a Held, DeadLettered or Failed task: back to Pending, fresh budget."""
     stamp = rfc3339(now)
     return Transition(
         patch={
-            "phase": "Pending",
+            "phase": TaskPhase.PENDING.value,
             "worker": None,
             "reclaims": 0,
             "notBefore": None,
             "graceUntil": None,
             "finishedAt": None,
             "lastTransitionTime": stamp,
-            "requeueHandled": request,
+            "requeueHandled": request[:256],
             "history": _history(
-                status, _entry(status, outcome="Requeued", reason="Requeued", now=stamp)
+                status,
+                _entry(status, outcome=AttemptOutcome.REQUEUED, reason="Requeued", now=stamp),
             ),
-            "conditions": [
-                c
-                for c in status.get("conditions") or []
-                if c.get("type") not in ("DeadLettered", "Held")
-            ],
+            "conditions": _conditions(status, drop=(DEAD_LETTERED, HELD)),
         },
         reason="Requeued",
-        message=f"requeued from {status.get('phase')} (request {request})",
+        message=f"requeued from {status.phase} (request {request[:256]})",
+    )
+
+
+def unschedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """No worker in the namespace can take the task (its capabilities are missing)."""
+    stamp = rfc3339(now)
+    patch: dict[str, Any] = {
+        "conditions": _conditions(
+            status, _condition(UNSCHEDULABLE, True, "MissingCapabilities", message, stamp)
+        )
+    }
+    if status.phase is None:
+        patch["phase"] = TaskPhase.PENDING.value
+    return Transition(patch=patch, reason="Unschedulable", message=message, warning=True)
+
+
+def schedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """A worker that can take the task exists again."""
+    stamp = rfc3339(now)
+    return Transition(
+        patch={
+            "conditions": _conditions(
+                status, _condition(UNSCHEDULABLE, False, "WorkerAvailable", message, stamp)
+            )
+        },
+        reason="",
+        message="",
+    )
+
+
+def unprocessable(
+    status: AgentTaskStatus, *, reason: str, message: str, now: datetime.datetime
+) -> Transition:
+    """The operator cannot process this task at all: Failed, saying why, never retried."""
+    stamp = rfc3339(now)
+    return Transition(
+        patch={
+            "phase": TaskPhase.FAILED.value,
+            "worker": None,
+            "error": _error(reason, message, False),
+            "finishedAt": stamp,
+            "lastTransitionTime": stamp,
+            "graceUntil": None,
+            "conditions": _conditions(
+                status, _condition(UNPROCESSABLE, True, reason, message, stamp)
+            ),
+        },
+        reason="Unprocessable",
+        message=bounded_text(f"{reason}: {message}", 1024),
+        warning=True,
+    )
+
+
+def refused(status: AgentTaskStatus) -> Transition:
+    """Count one more refused report in ``status.refusedReports`` (the event is separate)."""
+    return Transition(
+        patch={"refusedReports": (status.refused_reports or 0) + 1}, reason="", message=""
     )

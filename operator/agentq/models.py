@@ -51,14 +51,17 @@ from pydantic.alias_generators import to_camel, to_snake
 from agentq import GROUP, VERSION
 
 __all__ = [
+    "ACTIVE_PHASES",
     "API_VERSION",
     "CAPABILITY_PATTERN",
     "DEFAULT_LEASE_DURATION_SECONDS",
+    "FINAL_PHASES",
     "MAX_CAPABILITIES",
     "MAX_HISTORY",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_KEYS",
     "MIN_WEIGHT",
+    "REQUEUABLE_PHASES",
     "TASK_PLURAL",
     "WORKER_PLURAL",
     "AgentTask",
@@ -135,7 +138,25 @@ class TaskPhase(StrEnum):
     @property
     def is_final(self) -> bool:
         """Succeeded, Failed and DeadLettered never change again (short of a requeue)."""
-        return self in (TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.DEAD_LETTERED)
+        return self in FINAL_PHASES
+
+    @property
+    def is_active(self) -> bool:
+        """Assigned or Running: a worker holds a claim (a Lease) on the task."""
+        return self in ACTIVE_PHASES
+
+
+# The phase sets the operator and the CLI decide by, defined once.
+#: A worker holds a claim on the task (it has a Lease and counts as load).
+ACTIVE_PHASES: frozenset[TaskPhase] = frozenset({TaskPhase.ASSIGNED, TaskPhase.RUNNING})
+#: Never change again short of `agentq requeue`.
+FINAL_PHASES: frozenset[TaskPhase] = frozenset(
+    {TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.DEAD_LETTERED}
+)
+#: What `agentq requeue` may redrive.
+REQUEUABLE_PHASES: frozenset[TaskPhase] = frozenset(
+    {TaskPhase.HELD, TaskPhase.DEAD_LETTERED, TaskPhase.FAILED}
+)
 
 
 class WorkerPhase(StrEnum):
@@ -427,7 +448,8 @@ class AttemptRecord(_StatusModel):
 class AgentTaskStatus(_StatusModel):
     """``AgentTask.status``, written by the operator only."""
 
-    phase: TaskPhase | None = None
+    # The CRD defaults it: a new task reads as Pending before the operator writes anything.
+    phase: TaskPhase | None = TaskPhase.PENDING
     worker: ObjectName | None = None
     attempt: int | None = Field(default=None, ge=0)
     reclaims: int | None = Field(default=None, ge=0)

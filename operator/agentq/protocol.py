@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from agentq import GROUP
 
@@ -25,7 +25,9 @@ ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
 ANNOTATION_REPORT = f"{GROUP}/report"
 ANNOTATION_REQUEUE = f"{GROUP}/requeue"  # set on an AgentTask by `agentq requeue`
-ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # on a task Lease: the UID of the task it claims
+ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # the UID of the AgentTask a task Lease belongs to
+LEASE_KIND_TASK = "task"
+LEASE_KIND_WORKER = "worker"
 
 TASK_LEASE_PREFIX = "agentq-task-"
 WORKER_LEASE_PREFIX = "agentq-worker-"
@@ -35,11 +37,22 @@ WORKER_LEASE_PREFIX = "agentq-worker-"
 # the agent's own sink and the report carries a reference (``resultRef``).
 MAX_REPORT_BYTES = 64 * 1024
 MAX_PROGRESS_BYTES = 1024
-# Field limits of a report (the contract's numbers; the task status schema accepts
-# these): the sidecar refuses longer input with a 4xx.
+# What AgentTask.status accepts (the CRD's maxLength, in characters). A report's free
+# text (reason, message) and a progress marker longer than this are truncated when
+# the operator copies them into status; a longer resultRef is refused (a reference
+# cut short points nowhere).
 MAX_REASON_CHARS = 1024
 MAX_MESSAGE_CHARS = 32768
 MAX_RESULT_REF_CHARS = 4096
+MAX_PROGRESS_CHARS = 1024
+# JSON nested deeper than this (a task's payload, a report's result) is refused: deep
+# enough for any real document, shallow enough that no recursive code path (json,
+# copy.deepcopy, pydantic) in the operator, the sidecar or an agent can overflow.
+MAX_JSON_DEPTH = 64
+# A task's payload larger than this as JSON is refused (docs/api.md): the whole object
+# must fit etcd's 1.5 MiB with room for its status, and inputs this large belong in the
+# agent's own store, referenced from the payload.
+MAX_PAYLOAD_BYTES = 256 * 1024
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -114,39 +127,126 @@ class Report:
 
     @classmethod
     def decode(cls, text: str) -> Report:
-        try:
-            body = json.loads(text)
-            outcome = body["outcome"]
-            if outcome not in ("Succeeded", "Failed"):
-                raise ProtocolError(f"unknown outcome {outcome!r}")
-            error = body.get("error")
-            return cls(
-                token=int(body["token"]),
-                worker=str(body["worker"]),
-                outcome=outcome,
-                result=body.get("result"),
-                result_ref=body.get("resultRef"),
-                error=(
-                    ErrorInfo(
-                        reason=str(error.get("reason", "Unknown")),
-                        message=str(error.get("message", "")),
-                        retryable=bool(error.get("retryable", True)),
-                    )
-                    if isinstance(error, dict)
-                    else None
-                ),
+        """Decode a report annotation STRICTLY; ``ProtocolError`` says what is wrong.
+
+        The token must be a JSON integer >= 1 (not a bool, a string or a float), the
+        worker a non-empty string, the outcome one of the two known ones, ``error`` an
+        object with a string ``reason``, an optional string ``message`` and an optional
+        boolean ``retryable``; ``resultRef`` a string of at most
+        ``MAX_RESULT_REF_CHARS``; the result nested at most ``MAX_JSON_DEPTH`` deep.
+        Free text (reason, message) may be longer than status accepts: the operator
+        truncates it when it copies it (``bounded_text``).
+        """
+        if len(text) > MAX_REPORT_BYTES or len(text.encode()) > MAX_REPORT_BYTES:
+            raise ProtocolError(f"report annotation is over {MAX_REPORT_BYTES} bytes")
+        body = decode_json(text, what="report annotation")
+        if not isinstance(body, dict):
+            raise ProtocolError("report annotation is not a JSON object")
+        token = body.get("token")
+        if not is_json_int(token) or token < 1:
+            raise ProtocolError(f"report token must be a JSON integer >= 1, not {token!r}")
+        worker = body.get("worker")
+        if not isinstance(worker, str) or not worker:
+            raise ProtocolError(f"report worker must be a non-empty string, not {worker!r}")
+        outcome = body.get("outcome")
+        if outcome not in ("Succeeded", "Failed"):
+            raise ProtocolError(f"unknown outcome {outcome!r}")
+        result_ref = body.get("resultRef")
+        if result_ref is not None and not isinstance(result_ref, str):
+            raise ProtocolError("report resultRef must be a string")
+        if result_ref is not None and len(result_ref) > MAX_RESULT_REF_CHARS:
+            raise ProtocolError(
+                f"report resultRef is {len(result_ref)} characters, over {MAX_RESULT_REF_CHARS}"
             )
-        except (ValueError, KeyError, TypeError) as err:
-            raise ProtocolError(f"unreadable report annotation: {err}") from err
+        result = body.get("result")
+        if json_depth(result) > MAX_JSON_DEPTH:
+            raise ProtocolError(f"report result is nested deeper than {MAX_JSON_DEPTH} levels")
+        return cls(
+            token=token,
+            worker=worker,
+            outcome=outcome,
+            result=result,
+            result_ref=result_ref,
+            error=_decode_error(body.get("error")),
+        )
+
+
+def _decode_error(error: Any) -> ErrorInfo | None:
+    if error is None:
+        return None
+    if not isinstance(error, dict):
+        raise ProtocolError("report error must be an object")
+    reason = error.get("reason", "Unknown")
+    message = error.get("message", "")
+    retryable = error.get("retryable", True)
+    if not isinstance(reason, str) or not isinstance(message, str):
+        raise ProtocolError("report error reason and message must be strings")
+    if not isinstance(retryable, bool):
+        raise ProtocolError(f"report error retryable must be a boolean, not {retryable!r}")
+    return ErrorInfo(reason=reason or "Unknown", message=message, retryable=retryable)
+
+
+def is_json_int(value: Any) -> TypeGuard[int]:
+    """An integer as JSON means it: ``1`` yes; ``true``, ``"1"`` and ``1.0`` no."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def decode_json(text: str | bytes, *, what: str) -> Any:
+    """``json.loads`` that reports nesting too deep to decode as a ``ProtocolError``."""
+    try:
+        return json.loads(text)
+    except RecursionError as err:
+        raise ProtocolError(f"{what} is nested too deeply to decode") from err
+    except ValueError as err:
+        raise ProtocolError(f"{what} is not valid JSON: {err}") from err
+
+
+def json_depth(value: Any, *, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deeply ``value`` nests objects and arrays (a scalar is 0), counted without
+    recursion; stops counting once past ``limit`` (returns ``limit + 1``)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return limit + 1
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, saying so when it was cut."""
+    if len(text) <= limit:
+        return text
+    marker = f"... [truncated from {len(text)} characters]"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+def parse_token(raw: str | None) -> int | None:
+    """A fencing-token annotation: a plain decimal integer >= 1, else None.
+
+    Strict: ``"1.9"``, ``"true"``, ``" 1"``, ``"+1"``, ``"01"`` and ``"0"`` are not
+    tokens the operator wrote.
+    """
+    if raw is None or not raw.isascii() or not raw.isdigit() or raw.startswith("0"):
+        return None
+    if len(raw) > 19:  # beyond int64: no operator wrote it
+        return None
+    return int(raw)
 
 
 def lease_token(annotations: dict[str, str] | None) -> int | None:
     """The fencing token the operator wrote on a task Lease (None if absent or bad)."""
-    raw = (annotations or {}).get(ANNOTATION_TOKEN)
-    try:
-        return int(raw) if raw is not None else None
-    except ValueError:
-        return None
+    return parse_token((annotations or {}).get(ANNOTATION_TOKEN))
 
 
 def check_progress(progress: str) -> str:

@@ -15,6 +15,9 @@ operator granted to it, and behaves as told for each attempt:
 - ``hang``:     keep the worker Lease, never renew a task Lease (a hung agent)
 - ``stuck``:    renew task Leases forever but never change progress (a busy loop)
 
+An API error (the API server restarting) is logged and retried with backoff,
+as a real agent's sidecar would; it never ends the process.
+
 Every write goes through ``agentq.holder`` (compare-and-swap on the Lease). The
 test kills it with SIGKILL or freezes it with SIGSTOP like a real pod.
 
@@ -85,43 +88,61 @@ def main() -> None:
     done: set[tuple[str, int]] = set()
     selector = f"{protocol.LABEL_LEASE_KIND}=task,{protocol.LABEL_WORKER}={args.worker}"
     print(json.dumps({"started": args.worker, "behaviour": args.behaviour}), flush=True)
+    delay = args.beat_seconds
     while True:
-        renew_worker_lease(
-            leases,
-            args.namespace,
-            args.worker,
-            identity=identity,
-            duration_seconds=args.worker_lease_seconds,
-        )
-        for lease in leases.list_namespaced_lease(args.namespace, label_selector=selector).items:
-            token = protocol.lease_token(lease.metadata.annotations)
-            task = (lease.metadata.labels or {}).get(protocol.LABEL_TASK)
-            if token is None or task is None or lease.spec.holder_identity != args.worker:
-                continue
-            attempt = (task, token)
-            if attempt in done or args.behaviour == "hang":
-                continue
-            first = started.setdefault(attempt, time.monotonic())
-            elapsed = time.monotonic() - first
-            try:
-                if args.behaviour in ("complete", "fail", "fatal") and elapsed >= args.work_seconds:
-                    write_report(leases, args.namespace, task, _report(args, token))
-                    done.add(attempt)
-                    print(json.dumps({"reported": task, "token": token}), flush=True)
-                    continue
-                progress = None if args.behaviour == "stuck" else f"step-{int(elapsed * 10)}"
-                renew_task_lease(
-                    leases,
-                    args.namespace,
-                    task,
-                    worker=args.worker,
-                    token=token,
-                    progress=progress,
-                )
-            except LeaseLost as lost:
+        try:
+            beat(args, leases, identity, started, done, selector)
+            delay = args.beat_seconds
+        except Exception as err:  # the API server is away (restarting): back off, go on
+            print(json.dumps({"api_error": f"{type(err).__name__}: {err}"[:300]}), flush=True)
+            delay = min(max(delay * 2, 0.2), 5.0)
+        time.sleep(delay)
+
+
+def beat(
+    args: argparse.Namespace,
+    leases: client.CoordinationV1Api,
+    identity: str,
+    started: dict[tuple[str, int], float],
+    done: set[tuple[str, int]],
+    selector: str,
+) -> None:
+    """One round: renew the worker Lease, then act on each task Lease granted to us."""
+    renew_worker_lease(
+        leases,
+        args.namespace,
+        args.worker,
+        identity=identity,
+        duration_seconds=args.worker_lease_seconds,
+    )
+    for lease in leases.list_namespaced_lease(args.namespace, label_selector=selector).items:
+        token = protocol.lease_token(lease.metadata.annotations)
+        task = (lease.metadata.labels or {}).get(protocol.LABEL_TASK)
+        if token is None or task is None or lease.spec.holder_identity != args.worker:
+            continue
+        attempt = (task, token)
+        if attempt in done or args.behaviour == "hang":
+            continue
+        first = started.setdefault(attempt, time.monotonic())
+        elapsed = time.monotonic() - first
+        try:
+            if args.behaviour in ("complete", "fail", "fatal") and elapsed >= args.work_seconds:
+                write_report(leases, args.namespace, task, _report(args, token))
                 done.add(attempt)
-                print(json.dumps({"lost": task, "token": token, "why": str(lost)}), flush=True)
-        time.sleep(args.beat_seconds)
+                print(json.dumps({"reported": task, "token": token}), flush=True)
+                continue
+            progress = None if args.behaviour == "stuck" else f"step-{int(elapsed * 10)}"
+            renew_task_lease(
+                leases,
+                args.namespace,
+                task,
+                worker=args.worker,
+                token=token,
+                progress=progress,
+            )
+        except LeaseLost as lost:
+            done.add(attempt)
+            print(json.dumps({"lost": task, "token": token, "why": str(lost)}), flush=True)
 
 
 def _report(args: argparse.Namespace, token: int) -> protocol.Report:

@@ -42,6 +42,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
             bin_dir=state.bin_dir,
             server=state.server,
             kubectl_path=state.binaries["kubectl"],
+            cluster=cluster,
         )
     finally:
         cluster.down()

@@ -55,11 +55,15 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     row = next(line.split() for line in table.splitlines() if line.startswith("render-0 "))
     assert row[1:5] == ["Succeeded", "gpu-1", "1", "0"]
 
-    # Worker status is published at most once a second per worker: wait for it.
-    fleet.wait_all(lambda _: fleet.worker("gpu-1").get("status", {}).get("inFlight") == 0)
+    # Counts in worker status are published at most every WORKER_STATUS_INTERVAL (10 s)
+    # per worker: wait for them.
+    def served(status: dict) -> bool:
+        # the four gpu-only tasks, at least
+        return status.get("inFlight") == 0 and status.get("servedCost", 0) >= 4
+
+    fleet.wait_all(lambda _: served(fleet.worker("gpu-1").get("status", {})))
     ready = fleet.worker("gpu-1")["status"]
     assert ready["phase"] == "Ready"
-    assert ready["servedCost"] >= 4  # the four gpu-only tasks, at least
 
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as rsp:
         scraped = rsp.read().decode()

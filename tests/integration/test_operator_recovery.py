@@ -22,7 +22,7 @@ def assert_each_task_validly_held_once(fleet: Fleet, items: list[dict], limits: 
         name = t["metadata"]["name"]
         assert st["phase"] in ("Assigned", "Running"), (name, st)
         assert st["attempt"] == 1, f"{name} was granted {st['attempt']} times"
-        assert st["fencingToken"] == 1
+        assert st["fencingToken"] >= 1
         lease = fleet.task_lease(name)
         assert lease is not None, f"{name} has no Lease"
         assert lease.spec.holder_identity == st["worker"]
@@ -30,6 +30,9 @@ def assert_each_task_validly_held_once(fleet: Fleet, items: list[dict], limits: 
         per_worker[st["worker"]] += 1
     for name, count in per_worker.items():
         assert count <= limits[name], (name, count)
+    # Tokens come from one cluster-wide counter: no two grants share one.
+    tokens = [t["status"]["fencingToken"] for t in items]
+    assert len(set(tokens)) == len(tokens)
     # Exactly one task Lease per task: nothing half-made or duplicated lying around.
     leases = fleet.leases.list_namespaced_lease(
         fleet.namespace, label_selector=f"{protocol.LABEL_LEASE_KIND}=task"

@@ -81,6 +81,8 @@ class Cluster:
         # Popen handles of the processes this object started: kept so they can be
         # reaped on ``down`` (a dropped handle of a live child warns at collection).
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        # How each component was started (for ``restart``) and whether it dies with us.
+        self._started: dict[str, tuple[list[str], bool, pki.Pki]] = {}
 
     # -- reading state ---------------------------------------------------------------
 
@@ -214,6 +216,7 @@ class Cluster:
         try:
             for name in COMPONENTS:
                 say(f"starting {name}")
+                self._started[name] = (args[name], tie_to_parent, certs)
                 proc = self._start(name, state.binaries[name], args[name], tie_to_parent)
                 self._children[proc.pid] = proc
                 state.pids[name] = proc.pid
@@ -400,6 +403,34 @@ class Cluster:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(state), indent=2))
         tmp.replace(self.state_file)
+
+    # -- restart (fault tests) -------------------------------------------------------
+
+    def restart(
+        self, name: str, *, down_seconds: float = 0.0, timeout: float = 60.0
+    ) -> ClusterState:
+        """Stop one component this object started (by its pid, SIGTERM then SIGKILL), wait
+        ``down_seconds``, start it again with the same arguments and wait until it is ready.
+        For fault tests: the API server restarting under a running operator."""
+        state = self.load()
+        if state is None or name not in self._started:
+            raise ClusterError(f"{name} was not started by this Cluster object")
+        args, tie_to_parent, certs = self._started[name]
+        pid = state.pids[name]
+        try:
+            procs.stop(pid, state.binaries[name], name=name)
+        except procs.ProcessError as err:
+            raise ClusterError(str(err)) from err
+        child = self._children.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=5)
+        time.sleep(down_seconds)
+        proc = self._start(name, state.binaries[name], args, tie_to_parent)
+        self._children[proc.pid] = proc
+        state.pids[name] = proc.pid
+        self._save(state)
+        self._wait_ready(name, proc, state, certs, time.monotonic() + timeout)
+        return state
 
     # -- down ------------------------------------------------------------------------
 

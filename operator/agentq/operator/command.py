@@ -71,6 +71,16 @@ class JsonFormatter(logging.Formatter):
     help=f"LEADER_LEASE_SECONDS [default: {_DEFAULTS.leader_lease_seconds}]",
 )
 @click.option(
+    "--watcher",
+    type=click.Choice(["informer", "kopf"]),
+    help="WATCHER: the watch machinery [default: informer; kopf is kept for comparison]",
+)
+@click.option(
+    "--writer",
+    type=click.Choice(["rest", "threads"]),
+    help="WRITER: the API client [default: rest (aiohttp); threads is kept for comparison]",
+)
+@click.option(
     "--log-level",
     default="INFO",
     show_default=True,
@@ -89,6 +99,10 @@ def operator(log_level: str, **flags: Any) -> None:
         values[name] = tuple(value) if name == "namespaces" else value
     fields = {f.name for f in dataclasses.fields(OperatorConfig)}
     config = OperatorConfig(**{k: v for k, v in values.items() if k in fields})
+    try:
+        config.check()
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
     from agentq.operator.main import run
 
     asyncio.run(run(config))

@@ -24,10 +24,11 @@ class OperatorConfig:
     reconcile_interval: float = 2.0
     # NAMESPACES: comma-separated namespaces to watch; empty means cluster-wide.
     namespaces: tuple[str, ...] = ()
-    # DISPATCH_BATCH: most tasks decided per namespace in one pass (bounds a pass's latency).
-    dispatch_batch: int = 500
-    # WRITE_CONCURRENCY: API writes in flight at once (threads of the sync client).
-    write_concurrency: int = 16
+    # DISPATCH_BATCH: most grants in flight at once (bounds the work of one step, and how
+    # far decisions run ahead of their writes).
+    dispatch_batch: int = 256
+    # WRITE_CONCURRENCY: API requests in flight at once (the client's connection pool).
+    write_concurrency: int = 32
     # METRICS_PORT: Prometheus /metrics on 0.0.0.0:port; 0 disables.
     metrics_port: int = 8080
     # LEADER_ELECTION: off only for a single replica run by hand.
@@ -37,13 +38,65 @@ class OperatorConfig:
     leader_lease: str = "agentq-operator"
     # LEADER_LEASE_SECONDS: a dead leader is replaced within this (plus one retry period).
     leader_lease_seconds: float = 15.0
-    leader_renew_seconds: float = 10.0
+    # LEADER_RENEW_SECONDS: a leader that could not renew for this long stops deciding. It
+    # must be below the lease (else a stale leader decides after the standby took over);
+    # None: two thirds of the lease, at most 10 s (client-go's 15 / 10).
+    leader_renew_seconds: float | None = None
     leader_retry_seconds: float = 2.0
-    # WORKER_STATUS_INTERVAL: least time between two status writes of one worker.
-    worker_status_interval: float = 1.0
+    # WORKER_STATUS_INTERVAL: least time between two status writes of one worker whose
+    # counts changed (a change of phase or readiness is written at once). Worker status is
+    # a report for people: it must stay a small fraction of the dispatch writes.
+    worker_status_interval: float = 10.0
+    # WORKER_STATUS_QPS: most worker status writes per second, all workers together.
+    worker_status_qps: float = 20.0
+    # PROGRESS_STATUS_INTERVAL: least time between two copies of a claim's progress marker
+    # into the task's status (a renewal alone never costs a write).
+    progress_status_interval: float = 10.0
+    # RESYNC_INTERVAL: the safety net -- every task is decided again this often even if no
+    # event or timer asked for it.
+    resync_interval: float = 300.0
+    # REQUEST_TIMEOUT: seconds before an API call's outcome is taken as unknown.
+    request_timeout: float = 10.0
+    # TOKEN_BLOCK: fencing tokens reserved per write of the durable counter (the Lease
+    # TOKEN_LEASE in LEADER_NAMESPACE).
+    token_block: int = 1000
+    token_lease: str = "agentq-fencing-tokens"
+    # STALL_SECONDS: the event loop running this late means the process was stopped (or
+    # starved): the time is given back to every Lease instead of counted against it.
+    stall_seconds: float = 1.0
+    # WATCHER / WRITER: the watch and client machinery. informer + rest (aiohttp) by
+    # default; kopf and threads (the kubernetes sync client) are kept for comparison
+    # (make bench-load).
+    watcher: str = "informer"
+    writer: str = "rest"
     identity: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
+
+    @property
+    def leader_renew_deadline(self) -> float:
+        """The renew deadline in force (see LEADER_RENEW_SECONDS)."""
+        if self.leader_renew_seconds is not None:
+            return self.leader_renew_seconds
+        return min(10.0, self.leader_lease_seconds * 2 / 3)
+
+    def check(self) -> None:
+        """Refuse settings that break a guarantee (as client-go's NewLeaderElector does)."""
+        if self.leader_renew_deadline >= self.leader_lease_seconds:
+            raise ValueError(
+                f"the leader renew deadline ({self.leader_renew_deadline}s) must be below the "
+                f"leader lease ({self.leader_lease_seconds}s): else a leader that lost the lease "
+                "keeps deciding after the standby took over"
+            )
+        if self.leader_retry_seconds >= self.leader_renew_deadline:
+            raise ValueError(
+                f"the leader retry period ({self.leader_retry_seconds}s) must be below the renew "
+                f"deadline ({self.leader_renew_deadline}s)"
+            )
+        if self.watcher not in ("informer", "kopf"):
+            raise ValueError(f"unknown watcher {self.watcher!r} (informer or kopf)")
+        if self.writer not in ("rest", "threads"):
+            raise ValueError(f"unknown writer {self.writer!r} (rest or threads)")
 
     @classmethod
     def env_defaults(cls, environ: dict[str, str] | None = None) -> dict[str, object]:
@@ -60,6 +113,15 @@ class OperatorConfig:
             "LEADER_NAMESPACE": ("leader_namespace", str),
             "LEADER_LEASE": ("leader_lease", str),
             "LEADER_LEASE_SECONDS": ("leader_lease_seconds", float),
+            "LEADER_RENEW_SECONDS": ("leader_renew_seconds", float),
+            "WORKER_STATUS_INTERVAL": ("worker_status_interval", float),
+            "WORKER_STATUS_QPS": ("worker_status_qps", float),
+            "PROGRESS_STATUS_INTERVAL": ("progress_status_interval", float),
+            "RESYNC_INTERVAL": ("resync_interval", float),
+            "REQUEST_TIMEOUT": ("request_timeout", float),
+            "TOKEN_BLOCK": ("token_block", int),
+            "WATCHER": ("watcher", str),
+            "WRITER": ("writer", str),
         }
         for var, (name, cast) in casts.items():
             if var in env:

@@ -1,9 +1,16 @@
-"""kopf watch handlers: they only feed the controller's store and tracker.
+"""kopf watch handlers (``--watcher kopf``): they only feed the controller's cache.
 
-All handlers are ``async`` so they run on the event loop (kopf runs sync
-handlers in threads, and the store is not thread-safe) and return at once; no
-handler calls the API server. Only ``on.event`` is used: it needs no
-finalizers or progress annotations, so kopf writes nothing to our objects.
+The default watch machinery is ``agentq.operator.informer``; kopf is kept as
+the alternative the benchmark compares it with (docs/benchmarks.md). All
+handlers are ``async`` so they run on the event loop (kopf runs sync handlers
+in threads, and the cache is not thread-safe) and return at once; no handler
+calls the API server. Only ``on.event`` is used: it needs no finalizers or
+progress annotations, so kopf writes nothing to our objects.
+
+kopf reports neither when its first lists are complete nor whether a watch is
+connected: in this mode the controller starts deciding after a settling delay
+and cannot refuse to judge expiry on a stalled watch (it still re-reads a
+Lease before reclaiming it).
 """
 
 from __future__ import annotations
@@ -26,18 +33,16 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
         info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
         return info
 
-    def raw(event: kopf.RawEvent) -> tuple[dict[str, Any], bool]:
-        return dict(event["object"]), event.get("type") == "DELETED"
+    def feed(plural: str, event: kopf.RawEvent) -> None:
+        controller.observe(plural, str(event.get("type") or "MODIFIED"), dict(event["object"]))
 
     @kopf.on.event(GROUP, VERSION, "agenttasks", registry=registry)
     async def task_event(event: kopf.RawEvent, **_: Any) -> None:
-        body, deleted = raw(event)
-        controller.observe_task(body, deleted=deleted)
+        feed("agenttasks", event)
 
     @kopf.on.event(GROUP, VERSION, "agentworkers", registry=registry)
     async def worker_event(event: kopf.RawEvent, **_: Any) -> None:
-        body, deleted = raw(event)
-        controller.observe_worker(body, deleted=deleted)
+        feed("agentworkers", event)
 
     @kopf.on.event(
         "coordination.k8s.io",
@@ -47,8 +52,7 @@ def make_registry(controller: Controller) -> kopf.OperatorRegistry:
         registry=registry,
     )
     async def lease_event(event: kopf.RawEvent, **_: Any) -> None:
-        body, deleted = raw(event)
-        controller.observe_lease(body, deleted=deleted)
+        feed("leases", event)
 
     return registry
 

@@ -1,13 +1,24 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, after client-go's leaderelection.
 
-Only the leader runs the controller passes; every replica watches, so a new
-leader has a warm store. As in client-go, the record's timestamps written by
-the other replica's clock are not trusted: a held lease is taken over only
-after ``lease_seconds`` pass on *our* monotonic clock without the record
-changing (``agentq.expiry``). A leader that cannot renew within
-``renew_seconds`` stops leading before anyone else may start; on a clean
-shutdown it releases the lease (holder cleared) so the standby takes over at
-its next retry instead of waiting a whole lease duration.
+Only the leader decides; every replica watches, so a new leader has warm
+caches. As in client-go:
+
+- the record's timestamps, written by the other replica's clock, are not
+  trusted: a held lease is taken over only after ``lease_seconds`` pass on *our*
+  monotonic clock without the record changing (``agentq.expiry``);
+- a leader that has not renewed for ``renew_deadline`` stops deciding, and the
+  deadline is below the lease duration (``OperatorConfig.check``), so it stops
+  before anyone else may start; ``valid()`` lets the controller check it before
+  every step (a process stopped for longer than that must not decide a single
+  step when it resumes);
+- every round has a timeout (a hung request is a failed round, not a hang);
+- losing leadership cancels the writes in flight (``on_change(False)``);
+- a clean shutdown releases the Lease (holder cleared, as ReleaseOnCancel) so
+  the standby takes over at its next retry instead of a whole lease later.
+
+The pure part -- may we take or keep the Lease given what we saw -- is
+``agentq.claims``-style arithmetic on the tracker; the I/O goes through the
+``Kube`` port.
 """
 
 from __future__ import annotations
@@ -16,12 +27,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-
-from kubernetes import client
+from typing import Any
 
 from agentq.clock import Clock, micro_rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
-from agentq.operator.kube import Kube
+from agentq.operator.port import Kube, KubeError, Status
 
 log = logging.getLogger("agentq.leader")
 
@@ -36,23 +46,32 @@ class LeaderElector:
         name: str,
         identity: str,
         lease_seconds: float,
-        renew_seconds: float,
+        renew_deadline: float,
         retry_seconds: float,
         on_change: Callable[[bool], None],
     ) -> None:
+        if not retry_seconds < renew_deadline < lease_seconds:
+            raise ValueError(
+                f"leader election needs retry ({retry_seconds}s) < renew deadline "
+                f"({renew_deadline}s) < lease ({lease_seconds}s)"
+            )
         self.kube = kube
         self.clock = clock
         self.namespace = namespace
         self.name = name
         self.identity = identity
         self.lease_seconds = lease_seconds
-        self.renew_seconds = renew_seconds
+        self.renew_deadline = renew_deadline
         self.retry_seconds = retry_seconds
         self.on_change = on_change
         self.tracker = LeaseTracker()
         self.leading = False
-        self._last_renewed = 0.0
+        self._last_renewed = -1e18
         self.other_holder: str | None = None
+
+    def valid(self) -> bool:
+        """Still leading by our own clock: renewed within the renew deadline."""
+        return self.leading and self.clock.monotonic() - self._last_renewed < self.renew_deadline
 
     def _set(self, leading: bool) -> None:
         if leading != self.leading:
@@ -70,55 +89,67 @@ class LeaderElector:
         """One round: True if we hold the lease afterwards."""
         now_mono = self.clock.monotonic()
         now = micro_rfc3339(self.clock.now())
-        lease = await self.kube.read_lease(self.namespace, self.name)
-        if lease is None:
+        got = await self.kube.get_lease(self.namespace, self.name)
+        if not got.ok or got.body is None:
+            if got.status is not Status.GONE:
+                return False
             created = await self.kube.create_lease(
                 self.namespace,
-                client.V1Lease(
-                    metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                    spec=client.V1LeaseSpec(
-                        holder_identity=self.identity,
-                        lease_duration_seconds=int(self.lease_seconds),
-                        acquire_time=now,
-                        renew_time=now,
-                        lease_transitions=0,
-                    ),
-                ),
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": {
+                        "holderIdentity": self.identity,
+                        "leaseDurationSeconds": int(self.lease_seconds),
+                        "acquireTime": now,
+                        "renewTime": now,
+                        "leaseTransitions": 0,
+                    },
+                },
             )
-            return created is not None
-        spec = lease.spec
+            return created.ok
+        lease = got.body
+        spec: dict[str, Any] = lease.setdefault("spec", {})
+        holder = spec.get("holderIdentity") or None
         record = LeaseRecord(
-            holder=spec.holder_identity,
-            renew_time=str(spec.renew_time),
-            duration=float(spec.lease_duration_seconds or self.lease_seconds),
+            holder=holder,
+            renew_time=str(spec.get("renewTime")),
+            duration=float(spec.get("leaseDurationSeconds") or self.lease_seconds),
         )
         self.tracker.observe(self.name, record, now_mono)
-        held_by_other = bool(spec.holder_identity) and spec.holder_identity != self.identity
-        self.other_holder = spec.holder_identity if held_by_other else None
+        held_by_other = holder is not None and holder != self.identity
+        self.other_holder = holder if held_by_other else None
         if held_by_other and not self.tracker.expired(self.name, now_mono):
             return False
-        if spec.holder_identity != self.identity:
-            spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + 1
-        spec.holder_identity = self.identity
-        spec.renew_time = now
-        spec.lease_duration_seconds = int(self.lease_seconds)
-        return await self.kube.replace_lease(self.namespace, lease) is not None
+        if holder != self.identity:
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        spec["holderIdentity"] = self.identity
+        spec["renewTime"] = now
+        spec["leaseDurationSeconds"] = int(self.lease_seconds)
+        replaced = await self.kube.replace_lease(self.namespace, self.name, lease)
+        return replaced.ok
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
             while not stop.is_set():
+                started = self.clock.monotonic()
                 try:
-                    ok = await self.try_acquire_or_renew()
-                except Exception as err:  # the API server is away: treat as a failed round
-                    log.warning("leader election round failed: %s", err)
+                    # As client-go's renew loop: a slow API server may take up to the renew
+                    # deadline; past it the leader has stopped deciding anyway.
+                    ok = await asyncio.wait_for(
+                        self.try_acquire_or_renew(), timeout=self.renew_deadline
+                    )
+                except (TimeoutError, KubeError) as err:  # the API server is away or slow
+                    log.warning("leader election round failed: %s", str(err) or type(err).__name__)
                     ok = False
                 now = self.clock.monotonic()
-                if ok:
-                    self._last_renewed = now
+                if ok and not stop.is_set():
+                    self._last_renewed = started
                     self._set(True)
                 elif self.leading and (
-                    self.other_holder is not None or now - self._last_renewed >= self.renew_seconds
+                    self.other_holder is not None or now - self._last_renewed >= self.renew_deadline
                 ):
                     self._set(False)
                 with contextlib.suppress(TimeoutError):
@@ -126,14 +157,23 @@ class LeaderElector:
         finally:
             if self.leading:
                 self._set(False)
-                await self._release()
+                await self.release()
 
-    async def _release(self) -> None:
+    async def release(self) -> None:
+        """Give the Lease up (holder cleared) so the standby need not wait it out."""
         try:
-            lease = await self.kube.read_lease(self.namespace, self.name)
-            if lease is not None and lease.spec.holder_identity == self.identity:
-                lease.spec.holder_identity = None
-                lease.spec.lease_duration_seconds = 1
-                await self.kube.replace_lease(self.namespace, lease)
-        except Exception as err:
+            got = await asyncio.wait_for(
+                self.kube.get_lease(self.namespace, self.name), timeout=self.retry_seconds
+            )
+            if got.ok and got.body is not None:
+                spec = got.body.setdefault("spec", {})
+                if spec.get("holderIdentity") == self.identity:
+                    spec["holderIdentity"] = None
+                    spec["leaseDurationSeconds"] = 1
+                    await asyncio.wait_for(
+                        self.kube.replace_lease(self.namespace, self.name, got.body),
+                        timeout=self.retry_seconds,
+                    )
+                    log.info("%s released leadership", self.identity)
+        except (TimeoutError, KubeError) as err:
             log.warning("could not release leadership: %s", err)

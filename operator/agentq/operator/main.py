@@ -1,65 +1,153 @@
-"""Wires the operator together and runs it: kopf's watches, the leader elector,
-the controller loop and the metrics endpoint, on one event loop."""
+"""Wires the operator together and runs it on one event loop: the watches (informers,
+or kopf), the leader elector, the controller loop, the metrics endpoint -- and the
+order in which they stop.
+
+Shutdown (SIGTERM, SIGINT, or ``stop``): first stop deciding (cancel the writes
+in flight), then release the leader Lease so the standby takes over at its next
+retry, then stop the watches and close the connections. The operator installs
+its own signal handlers (after kopf's, in kopf mode: kopf's would stop the
+watches first and leave the controller deciding on a frozen cache).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable
+from typing import Any
 
-import kopf
+import aiohttp
 
 from agentq.clock import SystemClock
+from agentq.models import TASK_PLURAL, WORKER_PLURAL
+from agentq.operator import connection as connections
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
-from agentq.operator.controller import Controller
-from agentq.operator.handlers import make_registry, make_settings
-from agentq.operator.kube import Kube, make_api_client
+from agentq.operator.controller import AlwaysHealthy, Controller, WatchHealth
+from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
-from agentq.operator.store import Store
+from agentq.operator.port import Kube, lease_path, object_path
 
 log = logging.getLogger("agentq.operator")
+LEASE_SELECTOR = "agentq.dev/lease in (task,worker)"
+# After SIGTERM, how long the release of the leader Lease and the goodbyes may take.
+SHUTDOWN_SECONDS = 10.0
+
+
+def _make_kube(config: OperatorConfig, conn: connections.Connection) -> Kube:
+    if config.writer == "threads":
+        from agentq.operator.kube import ThreadedKube, make_api_client
+
+        return ThreadedKube(
+            make_api_client(pool_size=config.write_concurrency + 4),
+            request_timeout=config.request_timeout,
+        )
+    from agentq.operator.rest import RestKube
+
+    return RestKube(conn, pool=config.write_concurrency + 4, request_timeout=config.request_timeout)
+
+
+def _informers(
+    config: OperatorConfig,
+    conn: connections.Connection,
+    session: aiohttp.ClientSession,
+    controller: Controller,
+    health: WatchHealth,
+) -> list[Informer]:
+    namespaces: list[str | None] = list(config.namespaces) or [None]
+    resources = [
+        (TASK_PLURAL, "agentq.dev", "v1alpha1", None),
+        (WORKER_PLURAL, "agentq.dev", "v1alpha1", None),
+        ("leases", "coordination.k8s.io", "v1", LEASE_SELECTOR),
+    ]
+    informers: list[Informer] = []
+    pending: set[tuple[str, str | None]] = set()
+    healthy: dict[str, set[str | None]] = {plural: set() for plural, *_ in resources}
+
+    for plural, group, version, selector in resources:
+        for namespace in namespaces:
+            if namespace is None:
+                path = (
+                    f"/apis/{group}/{version}/{plural}"
+                    if plural != "leases"
+                    else "/apis/coordination.k8s.io/v1/leases"
+                )
+            elif plural == "leases":
+                path = lease_path(namespace)
+            else:
+                path = object_path(group, version, namespace, plural)
+            pending.add((plural, namespace))
+
+            def synced(plural: str = plural, namespace: str | None = namespace) -> None:
+                pending.discard((plural, namespace))
+                if not pending:
+                    controller.set_synced()
+
+            def health_of(
+                ok: bool, plural: str = plural, namespace: str | None = namespace
+            ) -> None:
+                (healthy[plural].add if ok else healthy[plural].discard)(namespace)
+                health.set(plural, len(healthy[plural]) == len(namespaces))
+
+            informers.append(
+                Informer(
+                    conn,
+                    session,
+                    path=path,
+                    plural=plural,
+                    on_event=controller.observe,
+                    on_synced=synced,
+                    on_health=health_of,
+                    label_selector=selector,
+                )
+            )
+    return informers
 
 
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
+    config.check()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    # Sync API calls run in threads: enough of them for the configured write concurrency
-    # plus events and watches' bookkeeping.
-    loop.set_default_executor(
-        concurrent.futures.ThreadPoolExecutor(max_workers=config.write_concurrency * 2 + 4)
-    )
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-
     clock = SystemClock()
-    kube = Kube(
-        make_api_client(pool_size=config.write_concurrency * 2 + 4),
-        clock,
-        component="agentq-operator",
+    conn = connections.load()
+    kube = _make_kube(config, conn)
+    informer_mode = config.watcher == "informer"
+    health = (
+        WatchHealth([TASK_PLURAL, WORKER_PLURAL, "leases"]) if informer_mode else AlwaysHealthy()
     )
-    controller = Controller(store=Store(), kube=kube, clock=clock, config=config)
+    controller = Controller(kube=kube, clock=clock, config=config, health=health)
     metrics.serve(config.metrics_port)
     metrics.LEADER.set(1 if controller.leading else 0)
 
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("%s: stopping (decisions first, then leadership, then watches)", sig.name)
+        controller.stop_deciding()
+        stop.set()
+
+    def install_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal, sig)
+
+    install_signals()
+    watch_stop = asyncio.Event()
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=conn.ssl_context, limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+    )
+    watchers: list[asyncio.Task[Any]] = []
     kopf_stop: asyncio.Future[None] = loop.create_future()
-    tasks = [
-        asyncio.create_task(
-            kopf.operator(
-                registry=make_registry(controller),
-                settings=make_settings(),
-                standalone=True,
-                clusterwide=not config.namespaces,
-                namespaces=list(config.namespaces),
-                stop_flag=kopf_stop,
-            ),
-            name="kopf",
-        ),
-        asyncio.create_task(controller.run(stop), name="controller"),
-    ]
+    if informer_mode:
+        for informer in _informers(config, conn, session, controller, health):
+            watchers.append(
+                asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")
+            )
+    else:
+        watchers.append(asyncio.create_task(_kopf(config, controller, kopf_stop, install_signals)))
+
+    elector: LeaderElector | None = None
     if config.leader_election:
         elector = LeaderElector(
             kube=kube,
@@ -68,24 +156,78 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             name=config.leader_lease,
             identity=config.identity,
             lease_seconds=config.leader_lease_seconds,
-            renew_seconds=config.leader_renew_seconds,
+            renew_deadline=config.leader_renew_deadline,
             retry_seconds=config.leader_retry_seconds,
             on_change=controller.set_leading,
         )
-        tasks.append(asyncio.create_task(elector.run(stop), name="leader"))
+        controller.lease_valid = elector.valid
+    core = [asyncio.create_task(controller.run(stop), name="controller")]
+    if elector is not None:
+        core.append(asyncio.create_task(elector.run(stop), name="leader"))
     log.info(
-        "agentq operator %s started (leader election %s)",
+        "agentq operator %s started (leader election %s, watcher %s, writer %s)",
         config.identity,
         "on" if config.leader_election else "off",
+        config.watcher,
+        config.writer,
     )
     stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait([*core, *watchers, stopper], return_when=asyncio.FIRST_COMPLETED)
+    # 1. stop deciding (the signal handler did, unless something else ended us)
+    controller.stop_deciding()
     stop.set()
+    for task in done:
+        if task is not stopper and not task.cancelled() and task.exception() is not None:
+            log.error("%s stopped: %r", task.get_name(), task.exception())
+    # 2. release leadership (the elector's run() does it as it returns)
+    await _bounded(asyncio.wait(core, timeout=SHUTDOWN_SECONDS))
+    # 3. stop the watches and close the connections
+    watch_stop.set()
     if not kopf_stop.done():
         kopf_stop.set_result(None)
-    for task in done:
-        if task is not stopper and task.exception() is not None:
-            log.error("%s stopped: %r", task.get_name(), task.exception())
-    await asyncio.wait(tasks, timeout=10)
-    for task in tasks:
+    for task in [*core, *watchers]:
         task.cancel()
+    await asyncio.gather(*core, *watchers, return_exceptions=True)
+    await session.close()
+    await kube.close()
+    log.info("agentq operator %s stopped", config.identity)
+
+
+async def _bounded(awaitable: Awaitable[Any]) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(awaitable, timeout=SHUTDOWN_SECONDS)
+
+
+async def _kopf(
+    config: OperatorConfig,
+    controller: Controller,
+    stop_flag: asyncio.Future[None],
+    install_signals: Any,
+) -> None:
+    """kopf's watches (``--watcher kopf``), with our signal handlers put back after its own."""
+    import kopf
+
+    from agentq.operator.handlers import make_registry, make_settings
+
+    ready = asyncio.Event()
+
+    async def after_ready() -> None:
+        await ready.wait()
+        install_signals()  # kopf replaced them with its own: take control back
+        # kopf does not say when its first lists are done; give them a moment.
+        await asyncio.sleep(3.0)
+        controller.set_synced()
+
+    helper = asyncio.create_task(after_ready())
+    try:
+        await kopf.operator(
+            registry=make_registry(controller),
+            settings=make_settings(),
+            standalone=True,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            stop_flag=stop_flag,
+            ready_flag=ready,
+        )
+    finally:
+        helper.cancel()

@@ -1,11 +1,13 @@
 """Prometheus metrics of the operator, all prefixed ``agentq_``.
 
-Counters count transitions the leader committed; gauges are recomputed from
-the store on every controller pass, so a new leader reports correct values
-from its first pass.
+Counters count transitions the leader committed; gauges are kept current by the
+controller's indexes as events arrive (a new leader recomputes them from its
+caches when it takes over). Series of a deleted worker are removed with it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
@@ -39,6 +41,48 @@ WORKER_READY = Gauge(
     "agentq_worker_ready", "1 if the worker's own Lease is fresh.", ["namespace", "worker"]
 )
 LEADER = Gauge("agentq_leader", "1 while this replica is the leader.")
+LEADER_TRANSITIONS = Counter(
+    "agentq_leader_transitions_total", "Times this replica gained or lost leadership."
+)
+UNSCHEDULABLE = Gauge(
+    "agentq_unschedulable_tasks",
+    "Pending tasks no AgentWorker of the namespace can take (capabilities missing).",
+    ["namespace"],
+)
+OLDEST_PENDING = Gauge(
+    "agentq_oldest_pending_age_seconds",
+    "How long the oldest pending task of the set has waited.",
+    ["namespace", "capabilities"],
+)
+RECONCILE = Histogram(
+    "agentq_reconcile_duration_seconds",
+    "CPU-bound time of one controller step (timers, decisions, dispatch, publish).",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+LOOP_LAG = Gauge(
+    "agentq_loop_lag_seconds", "How late the event loop ran against its due time (last tick)."
+)
+WATCH_HEALTHY = Gauge(
+    "agentq_watch_healthy",
+    "1 while the watch of the resource is connected and current.",
+    ["resource"],
+)
+UNPROCESSABLE = Counter(
+    "agentq_unprocessable_total",
+    "Inputs refused as unprocessable (a task, a report, a Lease, a worker), by reason.",
+    ["kind", "reason"],
+)
+EVENTS_DROPPED = Counter(
+    "agentq_events_dropped_total",
+    "Kubernetes Events not recorded because the API server was too slow to take them.",
+)
+
+
+def forget_worker(namespace: str, worker: str) -> None:
+    """Drop the series of a deleted worker (they would otherwise be kept forever)."""
+    for gauge in (WORKER_DEFICIT, WORKER_IN_FLIGHT, WORKER_READY):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, worker)
 
 
 def serve(port: int) -> None:

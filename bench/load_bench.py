@@ -1,0 +1,988 @@
+"""``make bench-load``: the operator under load on the embedded control plane.
+
+Measures, in one run (so the figures can be compared with each other even on a
+busy machine):
+
+1. the raw write rate of the API server: Lease creates with a plain aiohttp
+   client at concurrency 32 -- the ceiling for everything else;
+2. dispatch throughput of a backlog: N pending AgentTasks over W AgentWorkers
+   (1,000 / 50 and 10,000 / 1,000), the operator started on the full backlog,
+   timed from its first to its last grant (the operator's own
+   ``agentq_dispatches_total``, sampled every 0.25 s); the longest stretch
+   without a grant; API writes per dispatch split by resource and verb (the API
+   server's ``apiserver_request_total``; the fleet's worker-Lease renewals are
+   PUTs and are listed apart); operator, API server and etcd CPU per dispatch;
+   operator RSS;
+3. per-event controller cost: operator CPU per task-Lease renewal with every
+   task held (the fleet renews each task Lease once), and the operator's writes
+   during those renewals (must be 0);
+4. reclaim latency: 500 held tasks whose holder (the fleet process) is
+   SIGKILLed, from each Lease's last renewal to the status write that reclaims
+   it, p50 / p99 / max.
+
+Variants of the operator can be run side by side (``--variants``): ``new`` is
+this tree with its defaults; ``kopf`` and ``threads`` swap in kopf's watches or
+the kubernetes sync client in threads (``--watcher kopf`` / ``--writer
+threads``) so the choice of machinery is measured, not guessed;
+``baseline=DIR`` runs the operator from another source tree (for example
+``git archive main``) for before/after figures.
+
+With ``--profile`` the first dispatch scenario of each variant is recorded by
+py-spy (``bench/out/``) and the hottest functions are listed.
+
+usage: python bench/load_bench.py [--quick] [--variants new,kopf,baseline=/tmp/main]
+       [--profile] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import aiohttp  # noqa: E402
+from load_common import LEASES, TASKS, WORKERS, Api, bounded  # noqa: E402
+
+from agentq.controlplane import Cluster  # noqa: E402
+from agentq.controlplane.cluster import free_port  # noqa: E402
+from agentq.operator import connection  # noqa: E402
+
+OUT = HERE / "out"
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION_START = "<!-- bench-load:start -->"
+SECTION_END = "<!-- bench-load:end -->"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+# What the operator writes; the rest (the controller manager's own bookkeeping) is not
+# counted.
+OPERATOR_RESOURCES = (
+    "agenttasks/status",
+    "agentworkers/status",
+    "agenttasks",
+    "agentworkers",
+    "leases",
+    "events",
+)
+
+
+# -- process accounting ------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mb(pid: int) -> tuple[float, float]:
+    """(current, peak) resident memory of ``pid`` in MB."""
+    values: dict[str, float] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0]) / 1024
+    return values.get("VmRSS", 0.0), values.get("VmHWM", 0.0)
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The operator's metrics, flattened to ``name{labels}`` -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as rsp:
+        text = rsp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[key] = float(value)
+    return out
+
+
+_REQ = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+async def apiserver_writes(api: Api) -> collections.Counter[tuple[str, str]]:
+    """Cumulative write requests served, by (resource[/subresource], verb)."""
+    text = await api.text("/metrics")
+    counts: collections.Counter[tuple[str, str]] = collections.Counter()
+    for line in text.splitlines():
+        m = _REQ.match(line)
+        if not m:
+            continue
+        labels = dict(_LABEL.findall(m.group(1)))
+        if labels.get("verb") not in WRITE_VERBS:
+            continue
+        resource = labels.get("resource", "")
+        if labels.get("subresource"):
+            resource += "/" + labels["subresource"]
+        counts[(resource, labels["verb"])] += int(float(m.group(2)))
+    return counts
+
+
+# -- the pieces of a scenario ------------------------------------------------------------
+
+
+@dataclass
+class Variant:
+    name: str
+    flags: tuple[str, ...] = ()
+    src: str | None = None  # another source tree's operator/ directory (PYTHONPATH)
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        if text == "new":
+            return cls("new")
+        if text == "kopf":
+            return cls("kopf", ("--watcher", "kopf"))
+        if text == "threads":
+            return cls("threads", ("--writer", "threads"))
+        if text == "kopf+threads":
+            return cls("kopf+threads", ("--watcher", "kopf", "--writer", "threads"))
+        if text.startswith("baseline="):
+            src = Path(text.split("=", 1)[1]) / "operator"
+            if not (src / "agentq").is_dir():
+                raise SystemExit(f"{src} has no agentq package")
+            return cls("baseline", (), str(src))
+        raise SystemExit(f"unknown variant {text!r}")
+
+
+@dataclass
+class Env:
+    kubeconfig: str
+    api: Api
+    pids: dict[str, int]
+    workdir: Path
+    kubectl: str = "kubectl"
+
+
+def install_crds(env: Env, variant: Variant | None = None) -> None:
+    """The CRDs of the variant's own tree (a baseline runs with the CRDs it shipped with)."""
+    root = Path(variant.src).parent if variant is not None and variant.src else ROOT
+    for args in (
+        ["apply", "-f", str(root / "crds")],
+        [
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/agenttasks.agentq.dev",
+            "crd/agentworkers.agentq.dev",
+        ],
+    ):
+        subprocess.run(
+            [env.kubectl, *args],
+            env={**os.environ, "KUBECONFIG": env.kubeconfig},
+            check=True,
+            capture_output=True,
+        )
+
+
+@dataclass
+class Operator:
+    proc: subprocess.Popen[bytes]
+    metrics_port: int
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def start_operator(env: Env, ns: str, variant: Variant, tag: str) -> Operator:
+    port = free_port()
+    log = env.workdir / f"operator-{variant.name}-{tag}.log"
+    extra_env = {}
+    if variant.src:
+        extra_env["PYTHONPATH"] = variant.src
+    args = [
+        sys.executable,
+        "-m",
+        "agentq.cli",
+        "operator",
+        "--namespace",
+        ns,
+        "--metrics-port",
+        str(port),
+        "--leader-namespace",
+        ns,
+        "--log-level",
+        os.environ.get("BENCH_OPERATOR_LOG_LEVEL", "WARNING"),
+        *variant.flags,
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "KUBECONFIG": env.kubeconfig, **extra_env},
+        )
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError):
+            scrape(port)
+            return Operator(proc, port, log)
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"operator did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_fleet(
+    env: Env, ns: str, workers: int, *extra: str, tag: str
+) -> tuple[subprocess.Popen[bytes], Path]:
+    log = env.workdir / f"fleet-{tag}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(HERE / "load_fleet.py"),
+                "--kubeconfig",
+                env.kubeconfig,
+                "--namespace",
+                ns,
+                "--workers",
+                str(workers),
+                *extra,
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    deadline = time.monotonic() + 120
+    while '"ready"' not in log.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"fleet did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.2)
+    return proc, log
+
+
+async def make_namespace(env: Env) -> str:
+    ns = f"load-{uuid.uuid4().hex[:6]}"
+    await env.api.request("POST", "/api/v1/namespaces", {"metadata": {"name": ns}})
+    return ns
+
+
+async def drop_namespace(env: Env, ns: str) -> None:
+    """Delete ``ns`` and wait until it is gone, so its clean-up does not count as the
+    next scenario's writes."""
+    await env.api.request("DELETE", f"/api/v1/namespaces/{ns}", ok=(200, 202))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status, _ = await env.api.request("GET", f"/api/v1/namespaces/{ns}")
+        if status == 404:
+            return
+        await asyncio.sleep(0.5)
+
+
+async def create_workers(env: Env, ns: str, count: int, max_in_flight: int) -> None:
+    def body(i: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentWorker",
+            "metadata": {"name": f"w{i:04d}"},
+            "spec": {"capabilities": ["llm"], "maxInFlight": max_in_flight},
+        }
+
+    await bounded(
+        [lambda i=i: env.api.request("POST", WORKERS.format(ns=ns), body(i)) for i in range(count)],  # type: ignore[misc]
+        32,
+    )
+
+
+async def create_tasks(env: Env, ns: str, count: int, lease: int) -> None:
+    def body(i: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "metadata": {"name": f"t{i:05d}"},
+            "spec": {
+                "requiredCapabilities": ["llm"],
+                "leaseDurationSeconds": lease,
+                "maxReclaims": 5,
+                "retryBackoff": {"initialSeconds": 0},
+                "payload": {"prompt": f"task {i}"},
+            },
+        }
+
+    await bounded(
+        [lambda i=i: env.api.request("POST", TASKS.format(ns=ns), body(i)) for i in range(count)],  # type: ignore[misc]
+        32,
+    )
+
+
+# -- scenarios ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    figures: dict[str, Any] = field(default_factory=dict)
+    writes: dict[str, float] = field(default_factory=dict)
+
+
+async def raw_write_rate(env: Env, count: int = 2000) -> Result:
+    ns = await make_namespace(env)
+    try:
+
+        def body(i: int) -> dict[str, Any]:
+            return {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": f"raw-{i}"},
+                "spec": {"holderIdentity": "bench", "leaseDurationSeconds": 30},
+            }
+
+        cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        started = time.monotonic()
+        await bounded(
+            [
+                lambda i=i: env.api.request("POST", LEASES.format(ns=ns), body(i))  # type: ignore[misc]
+                for i in range(count)
+            ],
+            32,
+        )
+        took = time.monotonic() - started
+        cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in env.pids.items()}
+        return Result(
+            "raw",
+            {
+                "writes_per_s": count / took,
+                "apiserver_cpu_ms_per_write": 1000 * cpu["kube-apiserver"] / count,
+                "etcd_cpu_ms_per_write": 1000 * cpu["etcd"] / count,
+            },
+        )
+    finally:
+        await drop_namespace(env, ns)
+
+
+def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        print("py-spy not installed; no profile", flush=True)
+        return None
+    return subprocess.Popen(
+        [
+            exe,
+            "record",
+            "--pid",
+            str(pid),
+            "--format",
+            "raw",
+            "--rate",
+            "100",
+            "--duration",
+            str(int(seconds)),
+            "--output",
+            str(out),
+            "--nonblocking",
+            "--gil",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+# Where a sample's time goes, by the first rule that matches a frame of its stack.
+_CATEGORIES = (
+    ("sync client in threads", ("concurrent/futures/thread.py",)),
+    ("kopf (watch + per-event handling)", ("kopf/",)),
+    ("informer (watch streams, decoding)", ("agentq/operator/informer",)),
+    ("scheduler core", ("agentq/scheduler/",)),
+    ("decisions (claims, lifecycle)", ("agentq/claims", "agentq/lifecycle", "agentq/expiry")),
+    (
+        "views and caches",
+        ("agentq/operator/cache", "agentq/operator/views", "agentq/operator/store"),
+    ),
+    ("async REST client (aiohttp)", ("agentq/operator/rest", "aiohttp/")),
+    ("controller loop", ("agentq/operator/controller",)),
+    ("metrics", ("prometheus_client/",)),
+)
+
+
+def top_of_profile(raw: Path, limit: int = 8) -> list[tuple[str, float]]:
+    """Shares of a py-spy raw (collapsed) profile: by category, then the hottest leaves."""
+    by_category: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        total += n
+        frames = stack.split(";")
+        category = next(
+            (name for name, marks in _CATEGORIES if any(m in f for f in frames for m in marks)),
+            "other (event loop, ssl, json, ...)",
+        )
+        by_category[category] += n
+        leaf = frames[-1]
+        func = leaf.split(" (")[0]
+        where = leaf.split(" (")[1].rstrip(")") if " (" in leaf else ""
+        module = where.split("site-packages/")[-1].split("/operator/agentq/")[-1].split(":")[0]
+        leaves[f"{func} ({module})"] += n
+    shares = [(f"[{k}]", 100 * v / max(1, total)) for k, v in by_category.most_common()]
+    shares += [(k, 100 * v / max(1, total)) for k, v in leaves.most_common(limit)]
+    return shares
+
+
+async def dispatch(
+    env: Env, variant: Variant, tasks: int, workers: int, *, profile: bool, renewals: bool
+) -> Result:
+    name = f"dispatch {tasks:,}/{workers:,} [{variant.name}]"
+    print(f"== {name}", flush=True)
+    install_crds(env, variant)
+    ns = await make_namespace(env)
+    fleet = operator = None
+    try:
+        per_worker = math.ceil(tasks / workers) + 1
+        await create_workers(env, ns, workers, per_worker)
+        fleet, _ = start_fleet(env, ns, workers, tag=f"{variant.name}-{tasks}")
+        await create_tasks(env, ns, tasks, lease=900)
+        # When each task was first seen granted: from a watch of our own, opened before the
+        # operator starts, so measuring costs the operator nothing (scraping would).
+        granted: dict[str, float] = {}
+        connected = asyncio.Event()
+        watcher = asyncio.create_task(watch_grants(env, ns, granted, connected))
+        await asyncio.wait_for(connected.wait(), timeout=60)
+        writes0 = await apiserver_writes(env.api)
+        cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        operator = start_operator(env, ns, variant, f"{tasks}")
+        op_cpu0 = cpu_seconds(operator.pid)
+        spy = None
+        if profile:
+            OUT.mkdir(exist_ok=True)
+            spy_out = OUT / f"profile-{variant.name}-{tasks}.txt"
+            spy = py_spy(operator.pid, spy_out, seconds=600)
+        samples: list[tuple[float, int, float]] = []  # (t, granted so far, operator cpu)
+        deadline = time.monotonic() + max(300, tasks / 5)
+        while True:
+            t = time.monotonic()
+            samples.append((t, len(granted), cpu_seconds(operator.pid)))
+            if len(granted) >= tasks or t > deadline:
+                break
+            await asyncio.sleep(0.25)
+        watcher.cancel()
+        rss_now, rss_peak = rss_mb(operator.pid)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(timeout=30)
+        # Count the writes once the drain's last ones (Events are written off the decision
+        # path) have landed: when the operator's write counters stop moving.
+        writes1 = await quiet_writes(env.api)
+        cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in env.pids.items()}
+        done = len(granted)
+        times = sorted(granted.values())
+        span = max(1e-6, times[-1] - times[0]) if times else 1e-6
+        # The longest stretch without a new grant, between the first grant and the last.
+        gap = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+        # Operator CPU over the drain: the samples closest to its first and last grant.
+        first = min(samples, key=lambda s: abs(s[0] - times[0])) if times else samples[0]
+        last = min(samples, key=lambda s: abs(s[0] - times[-1])) if times else samples[-1]
+        op_cpu = last[2] - first[2]
+        delta = {
+            k: writes1[k] - writes0.get(k, 0)
+            for k in writes1
+            if writes1[k] - writes0.get(k, 0) and k[0] in OPERATOR_RESOURCES
+        }
+        # Lease PUTs are the fleet's worker-Lease renewals (and the operator's leader-election
+        # renewals, one per 2 s): listed apart, not counted per dispatch.
+        fleet_puts = delta.pop(("leases", "PUT"), 0)
+        per = {f"{r} {v}": c / max(1, done) for (r, v), c in sorted(delta.items())}
+        total = sum(per.values())
+        figures: dict[str, Any] = {
+            "dispatched": int(done),
+            "seconds": span,
+            "tasks_per_s": (done - 1) / span if done > 1 else 0.0,
+            "max_gap_s": gap,
+            "writes_per_dispatch": total,
+            "operator_cpu_ms_per_dispatch": 1000 * op_cpu / max(1, last[1] - first[1]),
+            "operator_cpu_ms_total": 1000 * (samples[-1][2] - op_cpu0),
+            "apiserver_cpu_ms_per_dispatch": 1000 * cpu["kube-apiserver"] / max(1, done),
+            "etcd_cpu_ms_per_dispatch": 1000 * cpu["etcd"] / max(1, done),
+            "operator_rss_mb": rss_now,
+            "operator_rss_peak_mb": rss_peak,
+            "fleet_lease_puts": fleet_puts,
+        }
+        if spy is not None:
+            with contextlib.suppress(OSError, ValueError):
+                figures["profile"] = top_of_profile(spy_out)
+                figures["profile_file"] = str(spy_out.relative_to(ROOT))
+        if renewals and done >= tasks:
+            figures.update(await renewal_cost(env, ns, workers, operator, tasks))
+        return Result(name, figures, per)
+    finally:
+        if operator is not None:
+            stop(operator.proc)
+        if fleet is not None:
+            stop(fleet)
+        await drop_namespace(env, ns)
+
+
+async def quiet_writes(api: Api, *, limit: float = 20.0) -> collections.Counter[tuple[str, str]]:
+    """The API server's write counters once the operator's writes stopped for a second
+    (the worker Lease renewals of the fleet go on: they are PUTs, not counted)."""
+    deadline = time.monotonic() + limit
+
+    def counted(c: collections.Counter[tuple[str, str]]) -> int:
+        return sum(v for (r, verb), v in c.items() if r in OPERATOR_RESOURCES and verb != "PUT")
+
+    last = await apiserver_writes(api)
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        now = await apiserver_writes(api)
+        if counted(now) == counted(last):
+            return now
+        last = now
+    return last
+
+
+async def watch_grants(
+    env: Env, ns: str, granted: dict[str, float], connected: asyncio.Event
+) -> None:
+    """Record when each task of ``ns`` is first seen with a worker (resuming the watch
+    from the last version seen if the connection drops)."""
+    _, listed = await env.api.request("GET", TASKS.format(ns=ns) + "?limit=1")
+    rv = listed["metadata"]["resourceVersion"]
+    while True:
+        path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
+        try:
+            async with env.api.session.get(
+                env.api.connection.server + path,
+                headers=env.api.connection.headers(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+            ) as rsp:
+                connected.set()
+                buffer = b""
+                async for chunk in rsp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        name = (obj.get("metadata") or {}).get("name")
+                        if (obj.get("status") or {}).get("worker") and name not in granted:
+                            granted[name] = time.monotonic()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            print(f"grants watch: {type(err).__name__}: {err}; resuming", flush=True)
+            await asyncio.sleep(0.2)
+
+
+async def renewal_cost(
+    env: Env, ns: str, workers: int, operator: Operator, tasks: int
+) -> dict[str, Any]:
+    """Operator CPU and writes per task-Lease renewal, every task held."""
+    print("   renewal cost", flush=True)
+    await asyncio.sleep(3)
+    idle_t0, idle_c0 = time.monotonic(), cpu_seconds(operator.pid)
+    await asyncio.sleep(10)
+    idle_rate = (cpu_seconds(operator.pid) - idle_c0) / (time.monotonic() - idle_t0)
+    log = env.workdir / f"renew-{ns}.log"
+    # Back-to-back rounds: the first one also starts every attempt (Assigned -> Running,
+    # one status write each); the second is renewals alone, and is what is measured.
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "load_fleet.py"),
+            "--kubeconfig",
+            env.kubeconfig,
+            "--namespace",
+            ns,
+            "--workers",
+            "0",
+            "--hold",
+            "--task-renew-seconds",
+            "0",
+        ],
+        stdout=open(log, "wb"),  # noqa: SIM115 - closed with the process
+        stderr=subprocess.STDOUT,
+    )
+
+    def rounds() -> list[dict[str, Any]]:
+        return [json.loads(x) for x in log.read_text().splitlines() if '"round"' in x]
+
+    deadline = time.monotonic() + 900
+    while not rounds() and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    # The first round's transitions (Running) are written before renewals are measured.
+    while time.monotonic() < deadline:
+        _, listed = await env.api.request("GET", TASKS.format(ns=ns))
+        if all((t.get("status") or {}).get("phase") == "Running" for t in listed["items"]):
+            break
+        await asyncio.sleep(1)
+    await asyncio.sleep(3)
+    writes0 = await apiserver_writes(env.api)
+    c0, t0 = cpu_seconds(operator.pid), time.monotonic()
+    measured_from = len(rounds())
+    while len(rounds()) < measured_from + 1 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(2)  # the last events reach the operator
+    stop(holder)
+    renewed = int(rounds()[measured_from]["renewed"])
+    elapsed = time.monotonic() - t0
+    used = cpu_seconds(operator.pid) - c0 - idle_rate * elapsed
+    writes1 = await apiserver_writes(env.api)
+    delta = {k: writes1[k] - writes0.get(k, 0) for k in writes1}
+    operator_writes = sum(
+        c for (r, v), c in delta.items() if c and not (r == "leases" and v == "PUT")
+    )
+    return {
+        "renewals": renewed,
+        "operator_cpu_ms_per_renewal": 1000 * max(0.0, used) / max(1, renewed),
+        "operator_writes_during_renewals": operator_writes,
+    }
+
+
+async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -> Result:
+    name = f"reclaim {held} [{variant.name}]"
+    print(f"== {name}", flush=True)
+    install_crds(env, variant)
+    ns = await make_namespace(env)
+    fleet = operator = None
+    workers = 10
+    try:
+        await create_workers(env, ns, workers, held // workers + 1)
+        renew_log = env.workdir / f"renewed-{ns}.json"
+        fleet, fleet_log = start_fleet(
+            env,
+            ns,
+            workers,
+            "--hold",
+            "--task-renew-seconds",
+            "1",
+            "--concurrency",
+            "64",
+            "--renew-log",
+            str(renew_log),
+            tag=f"reclaim-{variant.name}",
+        )
+        operator = start_operator(env, ns, variant, "reclaim")
+        await create_tasks(env, ns, held, lease=lease)
+        # Wait until every task is Running (its holder renewed it at least once).
+        deadline = time.monotonic() + 300
+        while True:
+            _, listed = await env.api.request("GET", TASKS.format(ns=ns))
+            phases = collections.Counter(
+                (t.get("status") or {}).get("phase") for t in listed["items"]
+            )
+            if phases.get("Running", 0) == held:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not all Running: {phases}")
+            await asyncio.sleep(1)
+        await asyncio.sleep(2)
+        reclaimed: dict[str, float] = {}
+        watch = asyncio.create_task(watch_reclaims(env, ns, listed, reclaimed))
+        await asyncio.sleep(0.5)
+
+        def rounds() -> int:
+            return fleet_log.read_text().count('"round"')
+
+        # Kill the holder right after a round of renewals completed, so the renew log
+        # holds every Lease's true last renewal (a round cut short would be unrecorded).
+        done_rounds = rounds()
+        while rounds() == done_rounds:
+            await asyncio.sleep(0.005)
+        os.kill(fleet.pid, signal.SIGKILL)
+        fleet.wait()
+        killed = time.monotonic()
+        last = json.loads(renew_log.read_text())
+        while len(reclaimed) < held and time.monotonic() - killed < lease + 60:
+            await asyncio.sleep(0.2)
+        watch.cancel()
+        latencies = sorted(
+            reclaimed[t] - last[f"agentq-task-{t}"] for t in reclaimed if f"agentq-task-{t}" in last
+        )
+
+        def pct(p: float) -> float:
+            return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
+
+        return Result(
+            name,
+            {
+                "held": held,
+                "lease_s": lease,
+                "reclaimed": len(reclaimed),
+                "p50_s": pct(0.5) if latencies else math.nan,
+                "p99_s": pct(0.99) if latencies else math.nan,
+                "max_s": latencies[-1] if latencies else math.nan,
+            },
+        )
+    finally:
+        if operator is not None:
+            stop(operator.proc)
+        if fleet is not None:
+            stop(fleet)
+        await drop_namespace(env, ns)
+
+
+async def watch_reclaims(
+    env: Env, ns: str, listed: dict[str, Any], reclaimed: dict[str, float]
+) -> None:
+    rv = listed["metadata"]["resourceVersion"]
+    path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}"
+    async with env.api.session.get(
+        env.api.connection.server + path,
+        headers=env.api.connection.headers(),
+        timeout=aiohttp.ClientTimeout(total=None),
+    ) as rsp:
+        async for line in rsp.content:
+            event = json.loads(line)
+            obj = event.get("object") or {}
+            status = obj.get("status") or {}
+            name = obj.get("metadata", {}).get("name")
+            if (status.get("reclaims") or 0) >= 1 and name not in reclaimed:
+                reclaimed[name] = time.monotonic()
+
+
+# -- report ------------------------------------------------------------------------------
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        return f"{value:,.{digits}f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def render(results: list[Result], command: str, started: float) -> str:
+    raw = next((r for r in results if r.name == "raw"), None)
+    lines = [
+        SECTION_START,
+        "## The operator under load (`make bench-load`)",
+        "",
+        "<!-- Generated by bench/load_bench.py; edit that script, not this section. -->",
+        "",
+        "Embedded control plane (etcd, kube-apiserver) on this machine, operator as a",
+        "process, the agent fleet as one process (`bench/load_fleet.py`) renewing",
+        "every worker Lease each 5 s. A backlog of pending tasks is created first,",
+        "then the operator is started; throughput is timed from its first grant to its",
+        "last. All figures of one run; the machine is shared, so compare the rows",
+        "with each other rather than with another run.",
+        "",
+    ]
+    if raw is not None:
+        f = raw.figures
+        lines += [
+            f"Raw API server write rate (Lease creates, aiohttp, concurrency 32): "
+            f"**{fmt(f['writes_per_s'], 0)} writes/s** "
+            f"(API server {fmt(f['apiserver_cpu_ms_per_write'], 2)} ms and etcd "
+            f"{fmt(f['etcd_cpu_ms_per_write'], 2)} ms CPU per write).",
+            "",
+        ]
+    dispatches = [r for r in results if r.name.startswith("dispatch")]
+    if dispatches:
+        lines += [
+            "| scenario | tasks/s | longest stall (s) | API writes / dispatch "
+            "| operator CPU ms / dispatch | API server CPU ms / dispatch "
+            "| etcd CPU ms / dispatch | operator RSS MB (peak) "
+            "| ceiling: raw rate / writes | tasks/s vs ceiling |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        ]
+        for r in dispatches:
+            f = r.figures
+            ceiling = (
+                raw.figures["writes_per_s"] / f["writes_per_dispatch"]
+                if raw and f["writes_per_dispatch"]
+                else math.nan
+            )
+            share = fmt(100 * f["tasks_per_s"] / ceiling, 0) if ceiling == ceiling else "-"
+            cells = [
+                r.name,
+                fmt(f["tasks_per_s"]),
+                fmt(f["max_gap_s"]),
+                fmt(f["writes_per_dispatch"], 2),
+                fmt(f["operator_cpu_ms_per_dispatch"], 2),
+                fmt(f["apiserver_cpu_ms_per_dispatch"], 2),
+                fmt(f["etcd_cpu_ms_per_dispatch"], 2),
+                f"{fmt(f['operator_rss_mb'], 0)} ({fmt(f['operator_rss_peak_mb'], 0)})",
+                fmt(ceiling),
+                f"{share} %",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "API writes per dispatch, by resource and verb:", ""]
+        keys = sorted({k for r in dispatches for k in r.writes})
+        lines.append("| scenario | " + " | ".join(keys) + " |")
+        lines.append("|---|" + "--:|" * len(keys))
+        for r in dispatches:
+            lines.append(
+                f"| {r.name} | " + " | ".join(fmt(r.writes.get(k, 0.0), 3) for k in keys) + " |"
+            )
+        renewal_rows = [r for r in dispatches if "renewals" in r.figures]
+        if renewal_rows:
+            lines += [
+                "",
+                "Renewals with every task held (each task Lease renewed once by the fleet):",
+                "",
+                "| scenario | renewals | operator CPU ms / renewal | operator writes during them |",
+                "|---|--:|--:|--:|",
+            ]
+            for r in renewal_rows:
+                f = r.figures
+                cells = [
+                    r.name,
+                    fmt(f["renewals"]),
+                    fmt(f["operator_cpu_ms_per_renewal"], 3),
+                    fmt(f["operator_writes_during_renewals"]),
+                ]
+                lines.append("| " + " | ".join(cells) + " |")
+    reclaims = [r for r in results if r.name.startswith("reclaim")]
+    if reclaims:
+        lines += [
+            "",
+            "Reclaim latency: held tasks whose holder (the fleet process) is SIGKILLed, from",
+            "each Lease's last renewal to the status write that reclaims it:",
+            "",
+            "| scenario | lease (s) | reclaimed | p50 (s) | p99 (s) | max (s) |",
+            "|---|--:|--:|--:|--:|--:|",
+        ]
+        for r in reclaims:
+            f = r.figures
+            lines.append(
+                f"| {r.name} | {f['lease_s']} | {f['reclaimed']} / {f['held']} | "
+                f"{fmt(f['p50_s'], 2)} | {fmt(f['p99_s'], 2)} | {fmt(f['max_s'], 2)} |"
+            )
+    profiles = [r for r in dispatches if r.figures.get("profile")]
+    for r in profiles:
+        lines += [
+            "",
+            f"py-spy, {r.name}: functions by share of samples (inclusive), "
+            f"raw profile in `{r.figures['profile_file']}` (not committed):",
+            "",
+            "| function | % of samples |",
+            "|---|--:|",
+        ]
+        for func, share in r.figures["profile"]:
+            lines.append(f"| `{func}` | {share:.1f} |")
+    load = os.getloadavg()
+    lines += [
+        "",
+        "Measured with:",
+        "",
+        "```",
+        command,
+        "```",
+        "",
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{platform.system()} {platform.release()}",
+        f"- Python {platform.python_version()}",
+        f"- load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f}",
+        f"- whole benchmark: {time.monotonic() - started:.0f} s",
+        SECTION_END,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(section: str) -> None:
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    if SECTION_START in text:
+        head, _, rest = text.partition(SECTION_START)
+        _, _, tail = rest.partition(SECTION_END)
+        text = head + section.rstrip("\n") + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    DOCS.write_text(text)
+
+
+async def run(args: argparse.Namespace) -> list[Result]:
+    variants = [Variant.parse(v) for v in args.variants.split(",")]
+    workdir = Path(tempfile.mkdtemp(prefix="agentq-bench-load-"))
+    cluster = Cluster(workdir / "cluster")
+    state = cluster.up(build=True, tie_to_parent=True)
+    api = Api(connection.from_kubeconfig(state.kubeconfig))
+    env = Env(state.kubeconfig, api, dict(state.pids), workdir, state.binaries["kubectl"])
+    results: list[Result] = []
+    try:
+        install_crds(env)
+        results.append(await raw_write_rate(env))
+        print(results[-1], flush=True)
+        scenarios = [(1000, 50)] if args.quick else [(1000, 50), (10000, 1000)]
+        if args.only_reclaim:
+            scenarios = []
+        for tasks, workers in scenarios:
+            for variant in variants:
+                if tasks > 1000 and variant.name not in args.large_variants.split(","):
+                    continue
+                results.append(
+                    await dispatch(
+                        env,
+                        variant,
+                        tasks,
+                        workers,
+                        profile=args.profile and tasks == 1000,
+                        renewals=tasks > 1000 or args.quick,
+                    )
+                )
+                print(json.dumps(results[-1].figures, default=str), flush=True)
+        for variant in variants:
+            if variant.name in args.reclaim_variants.split(","):
+                results.append(await reclaim(env, variant, held=100 if args.quick else 500))
+                print(results[-1], flush=True)
+    finally:
+        await api.close()
+        cluster.down()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"logs kept in {workdir}")
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1,000/50 only, 100 reclaims")
+    parser.add_argument(
+        "--variants", default="new", help="comma list: new,kopf,threads,baseline=DIR"
+    )
+    parser.add_argument("--large-variants", default="new", help="variants run at 10,000/1,000")
+    parser.add_argument("--reclaim-variants", default="new", help="variants run for reclaim")
+    parser.add_argument("--profile", action="store_true", help="py-spy the 1,000/50 drains")
+    parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
+    parser.add_argument("--keep", action="store_true", help="keep the logs")
+    parser.add_argument("--only-reclaim", action="store_true", help="the reclaim scenario only")
+    args = parser.parse_args()
+    started = time.monotonic()
+    results = asyncio.run(run(args))
+    command = "python bench/load_bench.py " + " ".join(sys.argv[1:])
+    section = render(results, command, started)
+    print(section)
+    if args.write_docs:
+        write_docs(section)
+
+
+if __name__ == "__main__":
+    main()

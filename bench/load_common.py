@@ -1,0 +1,81 @@
+"""Shared by the load benchmark's driver and its fleet process: a plain async client.
+
+Deliberately not the operator's own client, so the raw write rate is measured
+with something independent of what is being measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import aiohttp
+
+from agentq.operator.connection import Connection
+
+TASKS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agenttasks"
+WORKERS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agentworkers"
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+
+class Api:
+    """A few JSON requests against the API server over one pooled aiohttp session."""
+
+    def __init__(self, connection: Connection, *, pool: int = 64) -> None:
+        self.connection = connection
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=connection.ssl_context, limit=pool),
+            timeout=aiohttp.ClientTimeout(total=60),
+        )
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        content_type: str = "application/json",
+        ok: Iterable[int] = (200, 201),
+    ) -> tuple[int, Any]:
+        headers = {**self.connection.headers(), "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body)
+            headers["Content-Type"] = content_type
+        # A loaded API server sometimes cuts a large answer short: reads are retried.
+        for attempt in range(5):
+            try:
+                async with self.session.request(
+                    method, self.connection.server + path, data=data, headers=headers
+                ) as rsp:
+                    text = await rsp.text()
+                    if rsp.status not in ok:
+                        return rsp.status, text
+                    return rsp.status, json.loads(text) if text else None
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+                if method != "GET" or attempt == 4:
+                    raise
+                await asyncio.sleep(0.5 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def text(self, path: str) -> str:
+        async with self.session.get(
+            self.connection.server + path, headers=self.connection.headers()
+        ) as rsp:
+            return await rsp.text()
+
+
+async def bounded(jobs: Iterable[Callable[[], Awaitable[Any]]], concurrency: int) -> list[Any]:
+    """Run ``jobs`` with at most ``concurrency`` in flight; their results in order."""
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with sem:
+            return await job()
+
+    return await asyncio.gather(*(one(j) for j in jobs))

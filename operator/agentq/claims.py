@@ -1,0 +1,615 @@
+"""Claim decisions: from what the operator sees of one task, the one thing to do next.
+
+This is the operator's judgement, kept apart from its I/O the way client-go
+keeps ``tryAcquireOrRenew`` apart from the lock it writes: each function takes
+typed views (``agentq.views``) and what the operator observed on its own
+monotonic clock (``Seen``) and returns a ``Decision`` -- a status transition to
+commit with a compare-and-swap, a Lease to write or delete, a report to refuse,
+a time to look again. The glue (``agentq.operator.controller``) applies it and,
+when a write loses a race, asks again on fresh state.
+
+The rules, in the order ``decide`` applies them to a task and its claim's Lease:
+
+1. A task the operator cannot process (``TaskView.problem``: payload nested too
+   deeply, object too large, unreadable spec) ends Failed with an
+   ``Unprocessable`` condition, once; its Lease, if any, is deleted.
+2. A Lease that belongs to an earlier task of the same name (``task-uid`` or
+   owner differs) is deleted; nothing on it is ever committed to this task.
+3. A report on the Lease is committed only if it is from the current claim:
+   the task is Assigned/Running and the report's token and worker equal the
+   status' token and worker and the Lease's holder and token. One that names
+   the current claim exactly but cannot be decoded (a resultRef too long, a
+   result too deep, an error of the wrong type) fails the attempt with a
+   visible reason -- never a wedge. Anything else (a stale token, another
+   worker, a token that is not a JSON integer) is refused, once per distinct
+   report (an event, a counter, ``status.refusedReports``).
+4. A task that is not Assigned/Running keeps no Lease (Held keeps it for the
+   person who looks at it); a requeue request on a Held / DeadLettered /
+   Failed task sends it back to Pending.
+5. An Assigned/Running task's Lease must be its grant: missing or carrying an
+   older token, it is (re)written -- never with a lower token than it has;
+   carrying a higher or unreadable token, or another holder, or released by its
+   holder, the attempt has failed (``LeaseTampered`` / ``LeaseReleased``): the
+   task must not stay wedged on a Lease it cannot trust.
+6. The current claim: Running at the holder's first renewal; the progress marker
+   copied (at most every ``progress_interval``, cut to what status accepts); on
+   expiry -- judged by the TASK's lease duration, and only when the watches are
+   current (``Seen.judgeable``), and after the glue has re-read the Lease
+   (``confirm_expiry``) -- Redispatch / GracePeriod / Hold; a renewal during a
+   grace period ends it; a renewed Lease without progress for
+   ``progressDeadlineSeconds`` fails the attempt.
+
+Pure: no I/O, no clock (times are given), no randomness (a draw is given).
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import math
+from dataclasses import dataclass
+
+from agentq import lifecycle, protocol
+from agentq.lifecycle import Transition
+from agentq.models import (
+    REQUEUABLE_PHASES,
+    AgentWorkerStatus,
+    ConditionStatus,
+    LeaseExpiryPolicy,
+    TaskPhase,
+    WorkerPhase,
+)
+from agentq.protocol import MAX_PROGRESS_CHARS, ProtocolError, Report, bounded_text
+from agentq.views import LeaseView, TaskView, WorkerView
+
+__all__ = [
+    "Decision",
+    "LeaseOp",
+    "Policy",
+    "Readiness",
+    "Refusal",
+    "Seen",
+    "decide",
+    "decide_pending",
+    "lease_foreign",
+    "readiness",
+    "reserve_tokens",
+    "worker_status",
+]
+
+
+class LeaseOp(enum.Enum):
+    """What to do with the task's Lease."""
+
+    KEEP = "keep"
+    WRITE_GRANT = "write-grant"  # create it, or raise an older one to the status' grant
+    DELETE = "delete"  # after the transition commits, if there is one
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A report refused: recorded once per distinct report (event + counter + status)."""
+
+    reason: str  # event reason
+    message: str
+    stale: bool  # counts in agentq_stale_reports_refused_total (a zombie's report)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What to do about one task now. Everything empty means: nothing, wait."""
+
+    transition: Transition | None = None
+    lease: LeaseOp = LeaseOp.KEEP
+    # The transition is because the Lease expired: the glue re-reads the Lease first and
+    # drops the decision if it changed (a stalled watch looks exactly like a dead holder).
+    confirm_expiry: bool = False
+    refusal: Refusal | None = None
+    # A grace period this transition starts: its deadline (monotonic) once committed.
+    grace_deadline: float | None = None
+    # The worker whose claim expired: not dispatched to until its worker Lease is renewed.
+    suspect: str | None = None
+    # Why the task is unprocessable (agentq_unprocessable_total{kind,reason}).
+    unprocessable: tuple[str, str] | None = None
+    # A report this transition commits (agentq_completions_total{outcome}).
+    completion: str | None = None
+    # When to look at the task again if nothing happens (monotonic).
+    wake_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the operator observed about a task's claim, on its own clocks.
+
+    ``changed_at`` / ``progress_changed_at``: when (monotonic) the Lease's record
+    and its progress marker were last seen to change (None: Lease never seen).
+    ``judgeable``: the watches are connected and current, so "no change seen"
+    means "no change made". ``grace_deadline``: the grace period of the current
+    token, if one was started (or recovered from ``status.graceUntil``).
+    ``progress_written_at``: when the operator last wrote ``status.progress``.
+    ``report_refused``: the report now on the Lease was refused already.
+    """
+
+    now: float
+    wall: datetime.datetime
+    rand: float
+    changed_at: float | None = None
+    progress_changed_at: float | None = None
+    judgeable: bool = True
+    grace_deadline: float | None = None
+    progress_written_at: float | None = None
+    report_refused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The operator's settings the decisions read."""
+
+    max_reclaims: int = 3
+    # Least time between two copies of a claim's progress marker into status: a
+    # renewal alone never costs the operator a write.
+    progress_interval: float = 10.0
+
+
+def lease_foreign(task: TaskView, lease: LeaseView) -> bool:
+    """The Lease belongs to an earlier task of this name (deleted and re-created)."""
+    return lease.task_uid is not None and bool(task.uid) and lease.task_uid != task.uid
+
+
+def _fail(task: TaskView, seen: Seen, policy: Policy, *, reason: str, message: str) -> Transition:
+    spec = task.spec
+    return lifecycle.fail_attempt(
+        task.status,
+        reason=reason,
+        message=message,
+        max_reclaims=spec.effective_max_reclaims(policy.max_reclaims),
+        backoff=spec.retry_backoff,
+        now=seen.wall,
+        rand=seen.rand,
+    )
+
+
+def _judge_report(task: TaskView, lease: LeaseView, seen: Seen, policy: Policy) -> Decision | None:
+    """Rule 3. None: no verdict (the report is refused or was already, go on)."""
+    status = task.status
+    text = lease.report or ""
+    current_claim = (
+        task.active
+        and status.fencing_token is not None
+        and lease.token == status.fencing_token
+        and lease.holder is not None
+        and lease.holder == status.worker
+    )
+    try:
+        report = Report.decode(text)
+    except ProtocolError as err:
+        if current_claim and _names_the_claim(text, status.fencing_token, status.worker):
+            return Decision(
+                transition=_fail(
+                    task, seen, policy, reason="InvalidReport", message=f"{err} (report refused)"
+                ),
+                lease=LeaseOp.DELETE,
+                unprocessable=("Report", "InvalidReport"),
+            )
+        if seen.report_refused:
+            return None
+        return Decision(
+            refusal=Refusal("ReportRefused", f"refused an unreadable report: {err}", stale=False)
+        )
+    if current_claim and report.token == status.fencing_token and report.worker == status.worker:
+        if report.outcome == "Succeeded":
+            transition = lifecycle.succeed(status, report, now=seen.wall)
+        elif report.error is not None and not report.error.retryable:
+            transition = lifecycle.fail_terminal(status, report, now=seen.wall)
+        else:
+            error = report.error or protocol.ErrorInfo(reason="Failed")
+            transition = _fail(
+                task,
+                seen,
+                policy,
+                reason=error.reason,
+                message=error.message or "the agent reported a retryable failure",
+            )
+        return Decision(transition=transition, lease=LeaseOp.DELETE, completion=report.outcome)
+    if seen.report_refused:
+        return None
+    return Decision(
+        refusal=Refusal(
+            "StaleReportRefused",
+            (
+                f"refused a {report.outcome} report from {report.worker} with token "
+                f"{report.token}: the current attempt is {status.attempt} on {status.worker} "
+                f"with token {status.fencing_token} (phase {status.phase})"
+            ),
+            stale=True,
+        )
+    )
+
+
+def _names_the_claim(text: str, token: int | None, worker: str | None) -> bool:
+    """An undecodable report that still names the current attempt (token and worker
+    exactly): its holder's, so the attempt fails visibly. One that does not (a token of
+    ``true``, ``"7"`` or ``7.0``, another worker) is refused like a stale one."""
+    try:
+        body = protocol.decode_json(text, what="report")
+    except ProtocolError:
+        return False
+    if not isinstance(body, dict):
+        return False
+    named = body.get("token")
+    return protocol.is_json_int(named) and named == token and body.get("worker") == worker
+
+
+def decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) -> Decision:
+    """The next step for ``task`` given its claim's Lease (the module docstring's rules)."""
+    status = task.status
+    phase = status.phase
+    # 1. unprocessable
+    if task.problem is not None:
+        if phase is not None and phase.is_final:
+            return Decision(lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP)
+        return Decision(
+            transition=lifecycle.unprocessable(
+                status, reason=task.problem.reason, message=task.problem.message, now=seen.wall
+            ),
+            lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
+            unprocessable=("AgentTask", task.problem.reason),
+        )
+    # 2. a Lease of an earlier task of this name
+    if lease is not None and lease_foreign(task, lease):
+        return Decision(lease=LeaseOp.DELETE)
+    # 3. the report
+    refusal: Refusal | None = None
+    if lease is not None and lease.report:
+        verdict = _judge_report(task, lease, seen, policy)
+        if verdict is not None and verdict.refusal is None:
+            return verdict
+        refusal = verdict.refusal if verdict is not None else None
+    # 4. no claim
+    if not task.active:
+        transition = None
+        if task.requeue and task.requeue != status.requeue_handled and phase in REQUEUABLE_PHASES:
+            transition = lifecycle.requeue(status, now=seen.wall, request=task.requeue)
+            return Decision(
+                transition=transition,
+                lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
+                refusal=refusal,
+            )
+        keep = lease is None or phase is TaskPhase.HELD
+        return Decision(lease=LeaseOp.KEEP if keep else LeaseOp.DELETE, refusal=refusal)
+    # 5. the Lease must be the grant
+    token = status.fencing_token or 0
+    if lease is None or (lease.token is not None and lease.token < token):
+        # A grant whose Lease write did not happen (the operator died between its two
+        # writes), or the previous attempt's Lease not yet deleted: write this grant's.
+        return Decision(lease=LeaseOp.WRITE_GRANT, refusal=refusal)
+    if lease.token is None or lease.token != token or lease.holder != status.worker:
+        if lease.holder is None and lease.token == token:
+            reason, message = "LeaseReleased", f"{status.worker} released its claim"
+        else:
+            reason, message = (
+                "LeaseTampered",
+                (
+                    f"the claim's Lease {lease.name} says holder {lease.holder!r} with token "
+                    f"{lease.token_text!r}, but the attempt is {status.worker!r} with token "
+                    f"{token}: the Lease was changed by someone else"
+                ),
+            )
+        return Decision(
+            transition=_fail(task, seen, policy, reason=reason, message=message),
+            lease=LeaseOp.DELETE,
+            refusal=refusal,
+            unprocessable=("Lease", reason) if reason == "LeaseTampered" else None,
+        )
+    # 6. the current claim
+    return _current_claim(task, lease, seen, policy, refusal)
+
+
+def _current_claim(
+    task: TaskView, lease: LeaseView, seen: Seen, policy: Policy, refusal: Refusal | None
+) -> Decision:
+    status, spec = task.status, task.spec
+    wakes: list[float] = []
+    steps: list[Transition] = []
+    if status.phase is TaskPhase.ASSIGNED and lease.renew_time != lease.acquire_time:
+        steps.append(lifecycle.start(status, now=seen.wall))
+
+    expires_at = None if seen.changed_at is None else seen.changed_at + spec.lease_duration_seconds
+    expired = expires_at is not None and seen.now >= expires_at
+    if expires_at is not None and not expired:
+        wakes.append(expires_at)
+
+    outcome: Decision | None = None
+    if expired and seen.judgeable:
+        outcome = _on_expiry(task, seen, policy, steps)
+        if outcome is None and seen.grace_deadline is not None:
+            wakes.append(seen.grace_deadline)
+    elif not expired and status.grace_until is not None:
+        steps.append(lifecycle.end_grace(status))  # the holder came back within its grace
+    elif (
+        not expired
+        and status.phase is TaskPhase.RUNNING
+        and spec.progress_deadline_seconds is not None
+        and seen.progress_changed_at is not None
+    ):
+        deadline = seen.progress_changed_at + spec.progress_deadline_seconds
+        if seen.now >= deadline:
+            outcome = Decision(
+                transition=lifecycle.merge(
+                    [
+                        *steps,
+                        _fail(
+                            task,
+                            seen,
+                            policy,
+                            reason="ProgressDeadlineExceeded",
+                            message=(
+                                f"no progress for {spec.progress_deadline_seconds}s "
+                                "while the lease was renewed"
+                            ),
+                        ),
+                    ]
+                ),
+                lease=LeaseOp.DELETE,
+            )
+        else:
+            wakes.append(deadline)
+    if outcome is not None:
+        return Decision(
+            transition=outcome.transition,
+            lease=outcome.lease,
+            confirm_expiry=outcome.confirm_expiry,
+            refusal=refusal,
+            grace_deadline=outcome.grace_deadline,
+            suspect=outcome.suspect,
+            wake_at=outcome.wake_at,
+        )
+
+    marker = lease.progress
+    if marker is not None and bounded_text(marker, MAX_PROGRESS_CHARS) != status.progress:
+        due = (
+            seen.now
+            if seen.progress_written_at is None
+            else seen.progress_written_at + policy.progress_interval
+        )
+        if steps or seen.now >= due:
+            steps.append(lifecycle.progress(status, marker=marker))
+        else:
+            wakes.append(due)
+    return Decision(
+        transition=lifecycle.merge(steps),
+        refusal=refusal,
+        wake_at=min(wakes) if wakes else None,
+    )
+
+
+def _on_expiry(
+    task: TaskView, seen: Seen, policy: Policy, steps: list[Transition]
+) -> Decision | None:
+    """The claim's Lease expired (judged by the task's own lease duration)."""
+    status, spec = task.status, task.spec
+    worker = status.worker
+    message = f"lease held by {worker} was not renewed in time"
+    policy_name = spec.on_lease_expiry
+    if policy_name is LeaseExpiryPolicy.HOLD:
+        if status.phase is TaskPhase.HELD:
+            return None
+        return Decision(
+            transition=lifecycle.hold(status, reason="LeaseExpired", now=seen.wall),
+            confirm_expiry=True,
+            suspect=worker,
+        )
+    if policy_name is LeaseExpiryPolicy.GRACE_PERIOD:
+        seconds = float(spec.grace_period_seconds or 0)
+        if seen.grace_deadline is None:
+            until = seen.wall + datetime.timedelta(seconds=seconds)
+            return Decision(
+                transition=lifecycle.merge(
+                    [*steps, lifecycle.grace(status, until=until, now=seen.wall)]
+                ),
+                confirm_expiry=True,
+                grace_deadline=seen.now + seconds,
+                suspect=worker,
+                wake_at=seen.now + seconds,
+            )
+        if seen.now < seen.grace_deadline:
+            return None
+        message += f", nor reported within the {spec.grace_period_seconds}s grace period"
+    failed = _fail(task, seen, policy, reason="LeaseExpired", message=message)
+    # The expiry is an event of its own, before the Reclaimed / DeadLettered it causes.
+    failed = Transition(
+        patch=failed.patch,
+        reason=failed.reason,
+        message=failed.message,
+        warning=failed.warning,
+        extra_events=(("LeaseExpired", message, True), *failed.extra_events),
+    )
+    return Decision(
+        transition=lifecycle.merge([*steps, failed]),
+        lease=LeaseOp.DELETE,
+        confirm_expiry=True,
+        suspect=worker,
+    )
+
+
+def decide_pending(
+    task: TaskView, missing: str | None, *, wall: datetime.datetime
+) -> Transition | None:
+    """A pending task's ``Unschedulable`` condition: set while ``missing`` says which
+    capabilities no worker of the namespace offers, cleared once one does."""
+    held = lifecycle.condition(task.status, lifecycle.UNSCHEDULABLE)
+    if missing is not None:
+        if held is not None and held[0] and held[1] == missing:
+            return None
+        return lifecycle.unschedulable(task.status, message=missing, now=wall)
+    if held is not None and held[0]:
+        return lifecycle.schedulable(
+            task.status, message="a worker that offers every required capability exists", now=wall
+        )
+    return None
+
+
+def missing_capabilities(
+    required: frozenset[str], offered: list[frozenset[str]], namespace: str
+) -> str | None:
+    """None if some worker offers all of ``required``; else a message naming what is missing."""
+    if any(required <= caps for caps in offered):
+        return None
+    best = max(offered, key=lambda caps: (len(required & caps), sorted(caps)), default=frozenset())
+    missing = sorted(required - best)
+    anywhere = sorted(required - frozenset().union(*offered)) if offered else sorted(required)
+    if not offered:
+        return (
+            f"no AgentWorker in namespace {namespace} yet; required: {', '.join(sorted(required))}"
+        )
+    if anywhere:
+        return (
+            f"no AgentWorker in namespace {namespace} offers {', '.join(anywhere)} "
+            f"(required: {', '.join(sorted(required))})"
+        )
+    return (
+        f"no single AgentWorker in namespace {namespace} offers all of "
+        f"{', '.join(sorted(required))}; the closest lacks {', '.join(missing)}"
+    )
+
+
+# -- workers ------------------------------------------------------------------------
+
+
+class Readiness(enum.Enum):
+    """Why a worker is (not) Ready; the Ready condition's reason."""
+
+    READY = "LeaseRenewed"
+    PAUSED = "Paused"
+    LEASE_MISSING = "LeaseMissing"
+    LEASE_NOT_LABELLED = "LeaseNotLabelled"
+    LEASE_RELEASED = "LeaseReleased"
+    LEASE_STALE = "LeaseStale"
+    SUSPECT = "ClaimExpired"
+    UNPROCESSABLE = "Unprocessable"
+
+
+def readiness(
+    worker: WorkerView,
+    lease: LeaseView | None,
+    *,
+    fresh: bool,
+    unlabelled: bool,
+    suspect: bool,
+) -> tuple[Readiness, str]:
+    """The worker's readiness and a message naming what is missing.
+
+    ``fresh``: its worker Lease was seen renewed within the Lease's duration.
+    ``unlabelled``: a Lease of the worker Lease's name exists without the label the
+    operator's watch selects on (found by a direct read). ``suspect``: a claim it
+    held expired and its worker Lease has not been renewed since.
+    """
+    lease_name = protocol.worker_lease_name(worker.name)
+    if worker.spec is None:
+        problem = worker.problem.message if worker.problem else "unreadable spec"
+        return Readiness.UNPROCESSABLE, problem
+    if worker.spec.paused:
+        return Readiness.PAUSED, "paused: no new tasks"
+    if lease is None:
+        if unlabelled:
+            return (
+                Readiness.LEASE_NOT_LABELLED,
+                f"Lease {lease_name} exists but lacks the label "
+                f"{protocol.LABEL_LEASE_KIND}={protocol.LEASE_KIND_WORKER} the operator "
+                "selects worker Leases by",
+            )
+        return Readiness.LEASE_MISSING, f"no Lease {lease_name}: is the worker's sidecar running?"
+    if lease.holder is None:
+        return Readiness.LEASE_RELEASED, f"Lease {lease_name} was released by its holder"
+    if not fresh:
+        return (
+            Readiness.LEASE_STALE,
+            f"Lease {lease_name} (holder {lease.holder}) was not renewed within its "
+            f"{lease.duration or '?'}s",
+        )
+    if suspect:
+        return (
+            Readiness.SUSPECT,
+            f"a claim it held expired; waiting for Lease {lease_name} to be renewed again",
+        )
+    return Readiness.READY, f"Lease {lease_name} is renewed by {lease.holder}"
+
+
+def _finite(value: float, digits: int = 6) -> float:
+    """A number JSON and the API server accept: finite, rounded (a denormal weight can
+    make a deficit infinite)."""
+    if math.isnan(value):
+        return 0.0
+    if math.isinf(value):
+        return math.copysign(1e300, value)
+    return round(max(-1e300, min(1e300, value)), digits)
+
+
+def worker_status(
+    worker: WorkerView,
+    ready: tuple[Readiness, str],
+    *,
+    in_flight: int,
+    in_flight_cost: float,
+    served_cost: float,
+    deficit: float,
+    tasks: frozenset[str],
+    stamp: str,
+) -> dict[str, object]:
+    """The AgentWorker status the operator publishes (a merge patch of what differs is the
+    glue's business); the Ready condition's transition time moves only when it flips."""
+    reason, message = ready
+    if reason is Readiness.PAUSED:
+        phase = WorkerPhase.DRAINING
+    elif reason is Readiness.READY:
+        phase = WorkerPhase.READY
+    else:
+        phase = WorkerPhase.NOT_READY
+    is_ready = reason is Readiness.READY
+    previous = next((c for c in worker.status.conditions or [] if c.type == "Ready"), None)
+    changed = previous is None or (previous.status is ConditionStatus.TRUE) != is_ready
+    transition_time = stamp
+    if not changed and previous is not None:
+        transition_time = previous.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "phase": phase.value,
+        "inFlight": in_flight,
+        "inFlightCost": _finite(in_flight_cost),
+        "servedCost": _finite(served_cost),
+        "deficit": _finite(deficit),
+        "assignedTasks": sorted(tasks)[:100],
+        "conditions": [
+            *(c.to_dict() for c in worker.status.conditions or [] if c.type != "Ready"),
+            {
+                "type": "Ready",
+                "status": "True" if is_ready else "False",
+                "reason": reason.value,
+                "message": message,
+                "lastTransitionTime": transition_time,
+            },
+        ],
+    }
+
+
+def same_worker_status(old: AgentWorkerStatus, new: dict[str, object]) -> bool:
+    """``new`` says nothing ``old`` does not (so it need not be written)."""
+    current = old.to_dict()
+    return all(current.get(k) == v for k, v in new.items())
+
+
+# -- fencing tokens -------------------------------------------------------------------
+
+
+def reserve_tokens(ceiling: int, floor: int, block: int) -> tuple[int, int]:
+    """The next block of fencing tokens: ``(first, new_ceiling)``.
+
+    ``ceiling`` is the highest token any operator may have issued (the durable
+    counter); ``floor`` the highest token seen anywhere (task statuses, Lease
+    annotations -- including one raised by hand). The block starts above both, so
+    every token issued from it is strictly greater than every token issued before,
+    for any task, whichever leader issued it.
+    """
+    if block < 1:
+        raise ValueError("a block holds at least one token")
+    first = max(ceiling, floor, 0) + 1
+    return first, first + block - 1

@@ -1,0 +1,212 @@
+"""A thin informer: list + watch of one resource, on aiohttp, feeding the controller's cache.
+
+Chosen over kopf's watches by measurement (docs/benchmarks.md): kopf runs its
+per-object machinery for every event -- most of the operator's CPU per dispatch
+-- and decodes with ``json.loads``, so one AgentTask nested too deeply stops
+it. This one does what client-go's reflector does and nothing more:
+
+- LIST (paginated) then WATCH from the list's resourceVersion, with bookmarks,
+  label selected on the server (``agentq.dev/lease in (task,worker)`` for
+  Leases: node and other controllers' Leases never reach us);
+- a watch the server ends (its timeout) is resumed from the last
+  resourceVersion seen; ``410 Gone`` (the version was compacted) means a new
+  LIST, and every object known before but missing from it is delivered as
+  DELETED -- a task deleted while we were not watching does not stay a ghost;
+- every line is decoded with ``agentq.views.decode`` (no ``RecursionError`` for
+  any nesting) and a line that cannot be decoded at all is counted and skipped;
+- ``WatchHealth`` says whether the watch is connected and current: the
+  controller judges no expiry while it is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from agentq import views
+from agentq.operator import metrics
+from agentq.operator.connection import Connection
+from agentq.operator.port import Body
+
+log = logging.getLogger("agentq.informer")
+
+# The API server ends a watch after this (it picks a random timeout up to twice
+# --min-request-timeout otherwise); resuming is cheap.
+WATCH_SECONDS = 290
+PAGE = 500
+MAX_LINE = 64 * 1024 * 1024  # a single object; the API server refuses requests over 3 MiB
+
+OnEvent = Callable[[str, str, Body, int], None]  # (plural, ADDED/MODIFIED/DELETED, body, size)
+
+
+class Gone(Exception):
+    """The resourceVersion we resume from was compacted: list again."""
+
+
+class Informer:
+    def __init__(
+        self,
+        connection: Connection,
+        session: aiohttp.ClientSession,
+        *,
+        path: str,
+        plural: str,
+        on_event: OnEvent,
+        on_synced: Callable[[], None],
+        on_health: Callable[[bool], None],
+        label_selector: str | None = None,
+    ) -> None:
+        self.connection = connection
+        self.session = session
+        self.path = path
+        self.plural = plural
+        self.on_event = on_event
+        self.on_synced = on_synced
+        self.on_health = on_health
+        self.label_selector = label_selector
+        self.resource_version = ""
+        self.known: dict[tuple[str, str], Body] = {}  # key -> a minimal body (for DELETED)
+        self.relists = 0
+        self.events = 0
+        self.undecodable = 0
+
+    def _url(self, **params: str) -> str:
+        query = dict(params)
+        if self.label_selector:
+            query["labelSelector"] = self.label_selector
+        return f"{self.connection.server}{self.path}?{urllib.parse.urlencode(query)}"
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay = 0.2
+        while not stop.is_set():
+            try:
+                if not self.resource_version:
+                    await self._list()
+                    self.on_health(True)
+                    self.on_synced()
+                await self._watch()
+                delay = 0.2
+            except Gone:
+                log.info("watch of %s expired (410); listing again", self.plural)
+                self.resource_version = ""
+                self.relists += 1
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # connection refused, reset, timeout, 5xx
+                self.on_health(False)
+                log.warning("watch of %s failed: %s: %s", self.plural, type(err).__name__, err)
+                await asyncio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 5.0)
+
+    async def _list(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        cont = ""
+        version = ""
+        while True:
+            params = {"limit": str(PAGE)}
+            if cont:
+                params["continue"] = cont
+            async with self.session.get(
+                self._url(**params), headers=self.connection.headers()
+            ) as rsp:
+                raw = await rsp.read()
+                if rsp.status == 410:
+                    # The continue token expired mid-list: start the list over.
+                    cont, seen = "", set()
+                    continue
+                if rsp.status != 200:
+                    raise RuntimeError(f"LIST {self.plural}: HTTP {rsp.status}: {raw[:300]!r}")
+            listed = views.decode(raw)
+            meta = listed.get("metadata") or {}
+            if not version:
+                version = str(meta.get("resourceVersion") or "")
+            for item in listed.get("items") or []:
+                key = views.key_of(item)
+                seen.add(key)
+                # A list's items carry no kind; the body keeps what the views read.
+                self._deliver("MODIFIED" if key in self.known else "ADDED", item, 0)
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                break
+        for key in [k for k in self.known if k not in seen]:
+            # Deleted while we were not watching: a relist must say so.
+            self._deliver("DELETED", self.known[key], 0)
+        self.resource_version = version
+
+    async def _watch(self) -> None:
+        url = self._url(
+            watch="1",
+            resourceVersion=self.resource_version,
+            allowWatchBookmarks="true",
+            timeoutSeconds=str(WATCH_SECONDS),
+        )
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=WATCH_SECONDS + 30)
+        async with self.session.get(url, headers=self.connection.headers(), timeout=timeout) as rsp:
+            if rsp.status == 410:
+                raise Gone()
+            if rsp.status != 200:
+                text = await rsp.text()
+                raise RuntimeError(f"WATCH {self.plural}: HTTP {rsp.status}: {text[:300]}")
+            self.on_health(True)
+            buffer = bytearray()
+            async for chunk in rsp.content.iter_any():
+                buffer.extend(chunk)
+                while True:
+                    end = buffer.find(b"\n")
+                    if end < 0:
+                        if len(buffer) > MAX_LINE:
+                            raise RuntimeError(f"a {self.plural} watch line over {MAX_LINE} bytes")
+                        break
+                    line = bytes(buffer[:end])
+                    del buffer[: end + 1]
+                    if line.strip():
+                        self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        try:
+            event = views.decode(line)
+        except ValueError:
+            self.undecodable += 1
+            metrics.UNPROCESSABLE.labels(self.plural, "Undecodable").inc()
+            log.error("undecodable %s watch line (%d bytes) skipped", self.plural, len(line))
+            return
+        kind = event.get("type")
+        obj: Any = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise Gone()
+            raise RuntimeError(f"watch error: {obj.get('message')}")
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            self.resource_version = str(version)
+        if kind == "BOOKMARK":
+            return
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._deliver(kind, obj, len(line))
+
+    def _deliver(self, kind: str, body: Body, size: int) -> None:
+        self.events += 1
+        key = views.key_of(body)
+        if kind == "DELETED":
+            self.known.pop(key, None)
+        else:
+            meta = body.get("metadata") or {}
+            self.known[key] = {
+                "metadata": {
+                    "namespace": meta.get("namespace"),
+                    "name": meta.get("name"),
+                    "resourceVersion": meta.get("resourceVersion"),
+                    "labels": meta.get("labels") or {},
+                }
+            }
+        try:
+            self.on_event(self.plural, kind, body, size)
+        except Exception:  # one object must never stop the watch for every other one
+            metrics.UNPROCESSABLE.labels(self.plural, "HandlerError").inc()
+            log.exception("could not take in a %s event; skipped", self.plural)
