@@ -38,7 +38,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
@@ -71,6 +71,11 @@ class LeaseLostInterrupt(LeaseLost):
             "the lease was lost (raised in this thread by the heartbeat thread)",
             {},
         )
+
+
+# A report the sidecar could not take (503) is sent again after this, doubling up to the max.
+REPORT_RETRY_FIRST = 0.5
+REPORT_RETRY_MAX = 5.0
 
 
 class SidecarUnavailable(Exception):
@@ -307,29 +312,42 @@ class HeldLease:
 
     def complete(self, result: Any = None, *, result_ref: str | None = None) -> dict[str, Any]:
         """Report success. Raises LeaseLost (409) if the claim is no longer ours."""
-        try:
-            answer = self.client.complete(
+        return self._report(
+            lambda: self.client.complete(
                 self.assignment.task, self.assignment.token, result, result_ref=result_ref
             )
-        except LeaseLost as lost:
-            self._mark_lost(lost, inject=False)
-            raise
-        self.finished = True
-        self._stop.set()
-        return answer
+        )
 
     def fail(self, reason: str, message: str = "", *, retryable: bool = True) -> dict[str, Any]:
         """Report failure. Raises LeaseLost (409) if the claim is no longer ours."""
-        try:
-            answer = self.client.fail(
+        return self._report(
+            lambda: self.client.fail(
                 self.assignment.task, self.assignment.token, reason, message, retryable=retryable
             )
-        except LeaseLost as lost:
-            self._mark_lost(lost, inject=False)
-            raise
-        self.finished = True
-        self._stop.set()
-        return answer
+        )
+
+    def _report(self, send: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Send the report; while the sidecar cannot take it (503: the API server is away,
+        or the sidecar restarts) send it again with backoff -- a report is idempotent --
+        for as long as the heartbeat thread holds the lease. Giving up at the first 503
+        abandoned finished work: the agent stopped beating and the claim expired."""
+        delay = REPORT_RETRY_FIRST
+        while True:
+            try:
+                answer = send()
+            except LeaseLost as lost:
+                self._mark_lost(lost, inject=False)
+                raise
+            except SidecarUnavailable:
+                if self.lost is not None:
+                    raise self.lost from None
+                if self._stop.wait(delay):  # the block was left meanwhile
+                    raise
+                delay = min(delay * 2, REPORT_RETRY_MAX)
+                continue
+            self.finished = True
+            self._stop.set()
+            return answer
 
     # -- the heartbeat thread -----------------------------------------------------------------
 

@@ -53,7 +53,9 @@ from agentq import lifecycle, protocol
 from agentq.lifecycle import Transition
 from agentq.models import (
     REQUEUABLE_PHASES,
+    AgentTaskStatus,
     AgentWorkerStatus,
+    AttemptOutcome,
     ConditionStatus,
     LeaseExpiryPolicy,
     TaskPhase,
@@ -74,7 +76,9 @@ __all__ = [
     "lease_foreign",
     "readiness",
     "reserve_tokens",
+    "worker_phase",
     "worker_status",
+    "workers_to_avoid",
 ]
 
 
@@ -268,7 +272,11 @@ def decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) 
     # 4. no claim
     if not task.active:
         transition = None
-        if task.requeue and task.requeue != status.requeue_handled and phase in REQUEUABLE_PHASES:
+        if (
+            task.requeue
+            and protocol.requeue_id(task.requeue) != status.requeue_handled
+            and phase in REQUEUABLE_PHASES
+        ):
             transition = lifecycle.requeue(status, now=seen.wall, request=task.requeue)
             return Decision(
                 transition=transition,
@@ -449,6 +457,19 @@ def decide_pending(
     return None
 
 
+def workers_to_avoid(status: AgentTaskStatus) -> frozenset[str]:
+    """The workers a (re-)dispatch of the task should prefer not to use: those of its
+    attempts that ended without success (``Failed``: an expired or released Lease, a
+    failure report, a progress deadline; ``Held``: an expired Lease held for a person),
+    from the bounded ``status.history``. The scheduling core prefers any other eligible
+    worker and falls back to one of these only when no other can take the task."""
+    return frozenset(
+        entry.worker
+        for entry in status.history or ()
+        if entry.worker and entry.outcome in (AttemptOutcome.FAILED, AttemptOutcome.HELD)
+    )
+
+
 def missing_capabilities(
     required: frozenset[str], offered: list[frozenset[str]], namespace: str
 ) -> str | None:
@@ -545,6 +566,15 @@ def _finite(value: float, digits: int = 6) -> float:
     return round(max(-1e300, min(1e300, value)), digits)
 
 
+def worker_phase(reason: Readiness) -> WorkerPhase:
+    """The phase a worker's readiness gives it."""
+    if reason is Readiness.PAUSED:
+        return WorkerPhase.DRAINING
+    if reason is Readiness.READY:
+        return WorkerPhase.READY
+    return WorkerPhase.NOT_READY
+
+
 def worker_status(
     worker: WorkerView,
     ready: tuple[Readiness, str],
@@ -559,12 +589,7 @@ def worker_status(
     """The AgentWorker status the operator publishes (a merge patch of what differs is the
     glue's business); the Ready condition's transition time moves only when it flips."""
     reason, message = ready
-    if reason is Readiness.PAUSED:
-        phase = WorkerPhase.DRAINING
-    elif reason is Readiness.READY:
-        phase = WorkerPhase.READY
-    else:
-        phase = WorkerPhase.NOT_READY
+    phase = worker_phase(reason)
     is_ready = reason is Readiness.READY
     previous = next((c for c in worker.status.conditions or [] if c.type == "Ready"), None)
     changed = previous is None or (previous.status is ConditionStatus.TRUE) != is_ready

@@ -40,6 +40,7 @@ from agentq.protocol import (
     MAX_REASON_CHARS,
     Report,
     bounded_text,
+    requeue_id,
 )
 
 HISTORY_LIMIT = MAX_HISTORY
@@ -302,7 +303,13 @@ def fail_attempt(
                 f"{reclaims} failed attempts exceed maxReclaims={max_reclaims}"
             ),
             warning=True,
-            extra_events=(("Reclaimed", said, True),),
+            extra_events=(
+                (
+                    "Reclaimed",
+                    f"attempt {status.attempt} on {status.worker} failed ({said}); not retried",
+                    True,
+                ),
+            ),
         )
     delay = backoff.delay_seconds(reclaims, rand=rand)
     return Transition(
@@ -400,7 +407,7 @@ def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) ->
             "graceUntil": None,
             "finishedAt": None,
             "lastTransitionTime": stamp,
-            "requeueHandled": request[:256],
+            "requeueHandled": requeue_id(request),
             "history": _history(
                 status,
                 _entry(status, outcome=AttemptOutcome.REQUEUED, reason="Requeued", now=stamp),
@@ -408,7 +415,7 @@ def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) ->
             "conditions": _conditions(status, drop=(DEAD_LETTERED, HELD)),
         },
         reason="Requeued",
-        message=f"requeued from {status.phase} (request {request[:256]})",
+        message=f"requeued from {status.phase} (request {requeue_id(request)})",
     )
 
 

@@ -41,6 +41,7 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
+    Strict,
     StringConstraints,
     ValidationError,
     field_validator,
@@ -208,10 +209,19 @@ def _refuse_duplicates(data: Any, field: str) -> None:
     if isinstance(value, list | tuple):
         seen: set[Any] = set()
         for item in value:
+            if not isinstance(item, str):
+                continue  # not a capability at all: the field's own type check says so
             if item in seen:
                 raise ValueError(f"{field} must not repeat {item!r}")
             seen.add(item)
 
+
+# Numbers and booleans of a spec are taken as the JSON types the CRD declares, as the API
+# server takes them: "1.5" is not a number, "true" not a boolean, false not 0 (an
+# integer is a number, though).
+JsonInt = Annotated[int, Strict()]
+JsonFloat = Annotated[float, Strict()]
+JsonBool = Annotated[bool, Strict()]
 
 Capability = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=CAPABILITY_PATTERN)
@@ -268,9 +278,9 @@ class AgentWorkerSpec(_Model):
 
     capabilities: CapabilitySet = Field(min_length=1, max_length=MAX_CAPABILITIES)
     # `minimum` for the schema; the check is the validator below (the CRD rule's message).
-    weight: float = Field(default=1.0, le=1000, json_schema_extra={"minimum": MIN_WEIGHT})
-    max_in_flight: int = Field(default=1, ge=1, le=1000)
-    paused: bool = False
+    weight: JsonFloat = Field(default=1.0, le=1000, json_schema_extra={"minimum": MIN_WEIGHT})
+    max_in_flight: JsonInt = Field(default=1, ge=1, le=1000)
+    paused: JsonBool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -341,10 +351,10 @@ class AgentWorkerStatus(_StatusModel):
 class RetryBackoff(_Model):
     """``AgentTask.spec.retryBackoff``: the delay between a failed attempt and the next."""
 
-    initial_seconds: float = Field(default=1.0, ge=0, le=86400)
-    max_seconds: float = Field(default=300.0, ge=0, le=86400)
-    multiplier: float = Field(default=2.0, ge=1, le=10)
-    jitter: float = Field(default=0.2, ge=0, le=1)
+    initial_seconds: JsonFloat = Field(default=1.0, ge=0, le=86400)
+    max_seconds: JsonFloat = Field(default=300.0, ge=0, le=86400)
+    multiplier: JsonFloat = Field(default=2.0, ge=1, le=10)
+    jitter: JsonFloat = Field(default=0.2, ge=0, le=1)
 
     @model_validator(mode="after")
     def _max_not_below_initial(self) -> Self:
@@ -375,14 +385,14 @@ class AgentTaskSpec(_Model):
     """``AgentTask.spec``: what the task needs and how its claims are leased."""
 
     required_capabilities: CapabilitySet = Field(default=frozenset(), max_length=MAX_CAPABILITIES)
-    cost: float = Field(default=1.0, gt=0, le=1_000_000)
+    cost: JsonFloat = Field(default=1.0, gt=0, le=1_000_000)
     payload: dict[str, JsonValue] | None = Field(default=None, max_length=MAX_PAYLOAD_KEYS)
-    lease_duration_seconds: int = Field(default=DEFAULT_LEASE_DURATION_SECONDS, ge=3, le=86400)
-    heartbeat_interval_seconds: int | None = Field(default=None, ge=1, le=86399)
-    progress_deadline_seconds: int | None = Field(default=None, ge=1, le=604800)
-    max_reclaims: int | None = Field(default=None, ge=0, le=1000)
+    lease_duration_seconds: JsonInt = Field(default=DEFAULT_LEASE_DURATION_SECONDS, ge=3, le=86400)
+    heartbeat_interval_seconds: JsonInt | None = Field(default=None, ge=1, le=86399)
+    progress_deadline_seconds: JsonInt | None = Field(default=None, ge=1, le=604800)
+    max_reclaims: JsonInt | None = Field(default=None, ge=0, le=1000)
     on_lease_expiry: LeaseExpiryPolicy = LeaseExpiryPolicy.REDISPATCH
-    grace_period_seconds: int | None = Field(default=None, ge=1, le=86400)
+    grace_period_seconds: JsonInt | None = Field(default=None, ge=1, le=86400)
     retry_backoff: RetryBackoff = RetryBackoff()
 
     @model_validator(mode="before")
@@ -543,16 +553,47 @@ class AgentWorker(_Object):
 # --- parsing ---------------------------------------------------------------------
 
 
+# Objects nested deeper than this are refused (``ModelError``) before anything copies
+# or validates them: both recurse. The API server accepts payloads thousands of levels
+# deep; the operator fails such a task (PayloadTooDeep, at 64 levels of payload), and a
+# reader of it (``agentq explain``, ``top``) must skip it, not crash.
+MAX_MODEL_DEPTH = 100
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests Mappings and Sequences more than ``limit`` deep (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, Sequence) and not isinstance(item, str | bytes | bytearray):
+            children = item
+        else:
+            continue
+        if depth + 1 > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def to_plain(value: Any) -> Any:
     """A deep copy of ``value`` with every Mapping made a dict and every list a list.
 
     kopf hands handlers read-only Mapping views (``Body``, ``Spec``, ``Status``);
-    pydantic wants plain dicts.
+    pydantic wants plain dicts. Raises ``ModelError`` for an object nested deeper than
+    ``MAX_MODEL_DEPTH`` (checked once, without recursion, before the copy recurses).
     """
+    if _nested_deeper_than(value, MAX_MODEL_DEPTH):
+        raise ModelError(f"nested deeper than {MAX_MODEL_DEPTH} levels")
+    return _copy(value)
+
+
+def _copy(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {str(k): to_plain(v) for k, v in value.items()}
+        return {str(k): _copy(v) for k, v in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, str | bytes | bytearray):
-        return [to_plain(v) for v in value]
+        return [_copy(v) for v in value]
     return value
 
 
@@ -570,6 +611,8 @@ def _describe(errors: ValidationError) -> str:
 def _parse(model: type[_M], data: Mapping[str, Any] | None, what: str) -> _M:
     try:
         return model.model_validate(to_plain(data) if data is not None else {})
+    except ModelError as exc:
+        raise ModelError(f"{what} is {exc}") from None
     except ValidationError as exc:
         raise ModelError(f"{what} does not fit the agentq.dev schema: {_describe(exc)}") from exc
 

@@ -45,6 +45,17 @@ MAX_REASON_CHARS = 1024
 MAX_MESSAGE_CHARS = 32768
 MAX_RESULT_REF_CHARS = 4096
 MAX_PROGRESS_CHARS = 1024
+# status.requeueHandled keeps at most this much of an agentq.dev/requeue request id;
+# a longer request is honoured once all the same: it is compared as stored
+# (``requeue_id``), else it would redrive the task again every time it ends.
+MAX_REQUEUE_CHARS = 256
+
+
+def requeue_id(request: str) -> str:
+    """The form of a requeue request id kept in (and compared with) status.requeueHandled."""
+    return request[:MAX_REQUEUE_CHARS]
+
+
 # JSON nested deeper than this (a task's payload, a report's result) is refused: deep
 # enough for any real document, shallow enough that no recursive code path (json,
 # copy.deepcopy, pydantic) in the operator, the sidecar or an agent can overflow.

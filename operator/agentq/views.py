@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
@@ -384,6 +385,9 @@ class LeaseView:
     task_uid: str | None  # agentq.dev/task-uid, else the owning AgentTask's UID
     progress: str | None
     report: str | None
+    # Its agentq.dev/worker label (task Leases): the expiries of one worker's claims are
+    # confirmed with one LIST by this label.
+    worker_label: str | None = None
 
     @property
     def key(self) -> Key:
@@ -432,7 +436,12 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         task_uid=str(task_uid) if task_uid else None,
         progress=annotations.get(protocol.ANNOTATION_PROGRESS),
         report=annotations.get(protocol.ANNOTATION_REPORT),
+        worker_label=_label(labels.get(protocol.LABEL_WORKER)),
     )
+
+
+def _label(value: Any) -> str | None:
+    return sys.intern(value) if isinstance(value, str) and value else None
 
 
 def _str(value: Any) -> str | None:

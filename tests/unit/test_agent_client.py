@@ -22,6 +22,7 @@ class FakeSidecar:
         self.lost_after: int | None = None  # answer 409 from this beat on
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.remaining = 30.0
+        self.unavailable_reports = 0  # answer this many reports 503 (the API server away)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +50,10 @@ class FakeSidecar:
                     self._answer(200, {**ASSIGNMENT, "leaseRemainingSeconds": fake.remaining})
                     return
                 fake.reports.append((self.path.rsplit("/", 1)[-1], body))
+                if fake.unavailable_reports > 0:
+                    fake.unavailable_reports -= 1
+                    self._answer(503, {"error": "ApiUnavailable", "message": "api server away"})
+                    return
                 if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
                     self._answer(409, {"error": "LeaseLost", "message": "reclaimed"})
                     return
@@ -133,3 +138,16 @@ def test_an_unreachable_sidecar_past_the_deadline_is_presumed_lost(fake: FakeSid
         assert lost.value.code == "LeaseDeadlinePassed"
     with pytest.raises(SidecarUnavailable):
         client.list()
+
+
+def test_a_report_the_sidecar_cannot_take_yet_is_sent_again_while_the_lease_holds(
+    fake: FakeSidecar,
+) -> None:
+    fake.unavailable_reports = 3  # an API server restart: the sidecar answers 503 for a while
+    client = SidecarClient(fake.url)
+    with client.hold(Assignment.of(ASSIGNMENT)) as lease:
+        answer = lease.complete({"ok": True})
+        beats = len(fake.beats)
+    assert answer["state"] == "reported"
+    assert [kind for kind, _ in fake.reports] == ["complete"] * 4
+    assert beats >= 3, "the heartbeats went on while the report waited"

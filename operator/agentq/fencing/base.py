@@ -13,6 +13,7 @@ overwrite what a higher one wrote.
 from __future__ import annotations
 
 import abc
+import contextlib
 import re
 from dataclasses import dataclass
 from types import TracebackType
@@ -116,3 +117,30 @@ class FencedStore(abc.ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class TransactionalStore(FencedStore):
+    """A backend whose ``transaction(key, token)`` checks and raises the token with the
+    data in one database transaction (SQLite, PostgreSQL): ``write`` and ``fence`` are
+    that transaction with and without a value."""
+
+    @abc.abstractmethod
+    def transaction(self, key: str, token: int) -> contextlib.AbstractContextManager[Transaction]:
+        """Open a fenced transaction on ``key`` (raises ``StaleTokenError`` if ``token`` is
+        below the highest seen); committed when the block ends."""
+
+    def write(self, key: str, token: int, value: Any) -> Record:
+        with self.transaction(key, token) as tx:
+            tx.value = value
+            previous = tx.previous
+        return Record(key, token, value, (previous.revision if previous else 0) + 1)
+
+    def fence(self, key: str, token: int) -> Record:
+        with self.transaction(key, token) as tx:
+            previous = tx.previous
+        return Record(
+            key,
+            token,
+            previous.value if previous else None,
+            (previous.revision if previous else 0) + 1,
+        )

@@ -17,7 +17,6 @@ import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -26,17 +25,17 @@ from psycopg.types.json import Jsonb
 
 from agentq.fencing.base import (
     UNSET,
-    FencedStore,
     Record,
     StaleTokenError,
     Transaction,
+    TransactionalStore,
     check_identifier,
     check_key,
     check_token,
 )
 
 
-class PostgresFencedStore(FencedStore):
+class PostgresFencedStore(TransactionalStore):
     def __init__(
         self, dsn: str, *, table: str = "agentq_fenced", connect_timeout: float = 10.0
     ) -> None:
@@ -100,22 +99,6 @@ class PostgresFencedStore(FencedStore):
                     ).format(self._t),
                     (token, Jsonb(tx.value), key),
                 )
-
-    def write(self, key: str, token: int, value: Any) -> Record:
-        with self.transaction(key, token) as tx:
-            tx.value = value
-            previous = tx.previous
-        return Record(key, token, value, (previous.revision if previous else 0) + 1)
-
-    def fence(self, key: str, token: int) -> Record:
-        with self.transaction(key, token) as tx:
-            previous = tx.previous
-        return Record(
-            key,
-            token,
-            previous.value if previous else None,
-            (previous.revision if previous else 0) + 1,
-        )
 
     def read(self, key: str) -> Record | None:
         with self._lock, self._conn.cursor() as cur:

@@ -23,17 +23,17 @@ from typing import Any
 
 from agentq.fencing.base import (
     UNSET,
-    FencedStore,
     Record,
     StaleTokenError,
     Transaction,
+    TransactionalStore,
     check_identifier,
     check_key,
     check_token,
 )
 
 
-class SQLiteFencedStore(FencedStore):
+class SQLiteFencedStore(TransactionalStore):
     def __init__(self, path: str, *, table: str = "agentq_fenced", timeout: float = 30.0) -> None:
         self.path = path
         self.table = check_identifier(table)
@@ -98,20 +98,7 @@ class SQLiteFencedStore(FencedStore):
 
     def write(self, key: str, token: int, value: Any) -> Record:
         json.dumps(value)  # refuse what cannot be stored before taking the lock
-        with self.transaction(key, token) as tx:
-            tx.value = value
-            previous = tx.previous
-        return Record(key, token, value, (previous.revision if previous else 0) + 1)
-
-    def fence(self, key: str, token: int) -> Record:
-        with self.transaction(key, token) as tx:
-            previous = tx.previous
-        return Record(
-            key,
-            token,
-            previous.value if previous else None,
-            (previous.revision if previous else 0) + 1,
-        )
+        return super().write(key, token, value)
 
     def read(self, key: str) -> Record | None:
         with self._lock:

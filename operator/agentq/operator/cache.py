@@ -9,6 +9,9 @@
   current deadline and pushes a new entry if it moved.
 - ``Tombstones``: recently deleted objects by resourceVersion, bounded, so a late
   write reply cannot resurrect a deleted task.
+- ``Dirty``: the tasks to decide again, first marked first decided: when more are
+  marked than a step may decide (500 claims expiring in the same second), the
+  earliest expiry is decided first instead of an arbitrary one.
 
 Pure data structures: no I/O, no clock.
 """
@@ -18,11 +21,17 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 Key = tuple[str, str]
 Subject = tuple[str, Key]  # (what kind of deadline, whose)
+
+# Timer kinds: what a due entry asks to look at.
+TIMER_TASK = "task"  # a task's claim (lease expiry, grace, progress deadline, progress copy)
+TIMER_BACKOFF = "backoff"  # a pending task's retry backoff ends
+TIMER_WORKER = "worker"  # a worker Lease may have gone stale
+TIMER_PUBLISH = "publish"  # worker status deferred by its interval or the rate limit
 
 
 def rv_int(resource_version: str) -> int | None:
@@ -146,6 +155,45 @@ class Timers:
 
     def __len__(self) -> int:
         return len(self._heap)
+
+
+class Dirty:
+    """A set of keys that pops them in the order they were marked (a key marked again
+    while waiting keeps its place)."""
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: OrderedDict[Key, None] = OrderedDict()
+
+    def add(self, key: Key) -> None:
+        self._keys.setdefault(key, None)
+
+    def update(self, keys: Iterable[Key]) -> None:
+        for key in keys:
+            self._keys.setdefault(key, None)
+
+    def discard(self, key: Key) -> None:
+        self._keys.pop(key, None)
+
+    def pop(self) -> Key:
+        """The key marked first; KeyError when empty."""
+        return self._keys.popitem(last=False)[0]
+
+    def clear(self) -> None:
+        self._keys.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __iter__(self) -> Iterator[Key]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __repr__(self) -> str:
+        return f"Dirty({list(self._keys)!r})"
 
 
 class Tombstones:

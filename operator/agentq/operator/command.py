@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import sys
 from typing import Any
 
 import click
 
+from agentq import jsonlog
 from agentq.operator.config import OperatorConfig
 
 # The one place defaults live; the help text shows them rather than restating them.
 _DEFAULTS = OperatorConfig()
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the traceback)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
 
 
 @click.command()
@@ -88,9 +72,7 @@ class JsonFormatter(logging.Formatter):
 )
 def operator(log_level: str, **flags: Any) -> None:
     """Run the agentq operator against the current kubeconfig (or in-cluster account)."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=log_level, handlers=[handler])
+    jsonlog.setup(log_level)
     logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     values: dict[str, Any] = OperatorConfig.env_defaults()
     for name, value in flags.items():

@@ -1,10 +1,13 @@
 """Kubernetes Events for transitions, recorded off the decision path.
 
 A decision never waits for its Event: events go to a bounded queue drained by
-a few writers. When the API server is slower than the transitions (a burst of
-reclaims), the queue drops its oldest events and counts them
-(``agentq_events_dropped_total``): an Event is a note for people, the status
-is the record.
+a few writers. The writers take the operator's API slots at low priority
+(``agentq.operator.slots``): while decisions wait for the API server (a backlog
+drain, a burst of reclaims) Events wait, and they are written when the burst is
+over -- an Event is a note for people, the status is the record. If they still
+fall behind, the queue drops its oldest events and counts them
+(``agentq_events_dropped_total``); ``agentq_events_queued`` says how many wait.
+A queued event is a small tuple; its body is built when it is written.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentq.clock import Clock, rfc3339
 from agentq.operator import metrics
 from agentq.operator.port import Kube, KubeError
+from agentq.operator.slots import Slots
 
 log = logging.getLogger("agentq.events")
 
@@ -39,22 +43,48 @@ class Involved:
         self.resource_version = resource_version
 
 
+class _Queued(NamedTuple):
+    involved: Involved
+    reason: str
+    message: str
+    warning: bool
+    stamp: str
+
+
 class EventSink:
     def __init__(
-        self, kube: Kube, clock: Clock, *, component: str, limit: int = 20_000, writers: int = 4
+        self,
+        kube: Kube,
+        clock: Clock,
+        *,
+        component: str,
+        limit: int = 20_000,
+        writers: int = 4,
+        slots: Slots | None = None,
     ) -> None:
         self.kube = kube
         self.clock = clock
         self.component = component
         self.limit = limit
         self.writers = writers
-        self._queue: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self.slots = slots  # the operator's API slots, taken at low priority
+        self._queue: collections.deque[_Queued] = collections.deque()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self.written = 0
 
     def record(self, involved: Involved, *, reason: str, message: str, warning: bool) -> None:
-        now = rfc3339(self.clock.now())
-        body = {
+        stamp = rfc3339(self.clock.now())
+        self._queue.append(_Queued(involved, reason, message[:MESSAGE_LIMIT], warning, stamp))
+        while len(self._queue) > self.limit:
+            self._queue.popleft()
+            metrics.EVENTS_DROPPED.inc()
+        metrics.EVENTS_QUEUED.set(len(self._queue))
+        self._wake.set()
+
+    def _body(self, event: _Queued) -> dict[str, Any]:
+        involved = event.involved
+        return {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{involved.name}."},
@@ -66,19 +96,14 @@ class EventSink:
                 "uid": involved.uid,
                 "resourceVersion": involved.resource_version,
             },
-            "reason": reason,
-            "message": message[:MESSAGE_LIMIT],
-            "type": "Warning" if warning else "Normal",
+            "reason": event.reason,
+            "message": event.message,
+            "type": "Warning" if event.warning else "Normal",
             "source": {"component": self.component},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "firstTimestamp": event.stamp,
+            "lastTimestamp": event.stamp,
             "count": 1,
         }
-        self._queue.append((involved.namespace, body))
-        while len(self._queue) > self.limit:
-            self._queue.popleft()
-            metrics.EVENTS_DROPPED.inc()
-        self._wake.set()
 
     def start(self) -> None:
         if not self._tasks:
@@ -95,8 +120,7 @@ class EventSink:
     async def flush(self) -> None:
         """Write everything queued now (tests, and shutdown)."""
         while self._queue:
-            namespace, body = self._queue.popleft()
-            await self._write(namespace, body)
+            await self._write(self._queue.popleft(), slot=False)
 
     @property
     def queued(self) -> int:
@@ -108,13 +132,19 @@ class EventSink:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            namespace, body = self._queue.popleft()
-            await self._write(namespace, body)
+            await self._write(self._queue.popleft())
 
-    async def _write(self, namespace: str, body: dict[str, Any]) -> None:
+    async def _write(self, event: _Queued, *, slot: bool = True) -> None:
+        metrics.EVENTS_QUEUED.set(len(self._queue))
+        namespace, body = event.involved.namespace, self._body(event)
         try:
-            reply = await self.kube.create_event(namespace, body)
+            if slot and self.slots is not None:
+                async with self.slots.low():
+                    reply = await self.kube.create_event(namespace, body)
+            else:
+                reply = await self.kube.create_event(namespace, body)
+            self.written += 1
             if not reply.ok:
-                log.warning("event %s refused: %s", body["reason"], reply.message)
+                log.warning("event %s refused: %s", event.reason, reply.message)
         except KubeError as err:
-            log.warning("could not record event %s: %s", body["reason"], err)
+            log.warning("could not record event %s: %s", event.reason, err)

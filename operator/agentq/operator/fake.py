@@ -50,6 +50,15 @@ class Hang(Exception):
     """As an injected outcome: the call never returns (until it is cancelled)."""
 
 
+class Held(Exception):
+    """As an injected outcome: the call waits until ``gate`` is set, then is made as usual
+    (a slow request: a later call may overtake it at the API server)."""
+
+    def __init__(self, gate: asyncio.Event) -> None:
+        super().__init__("held")
+        self.gate = gate
+
+
 @dataclass
 class _Fault:
     method: str
@@ -188,6 +197,9 @@ class FakeKube:
             return Reply(fault.outcome, None, f"injected {fault.outcome.value}")
         if isinstance(fault.outcome, Hang):
             await asyncio.Event().wait()  # until cancelled
+        if isinstance(fault.outcome, Held):
+            await fault.outcome.gate.wait()
+            return do()
         if fault.applied:
             do()
         raise fault.outcome
@@ -294,4 +306,4 @@ class FakeKube:
         return None
 
 
-__all__ = ["FakeKube", "Hang", "KubeError", "merge_patch"]
+__all__ = ["FakeKube", "Hang", "Held", "KubeError", "merge_patch"]

@@ -24,7 +24,7 @@ import asyncio
 import logging
 import random
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -104,10 +104,10 @@ class Informer:
                 await asyncio.sleep(delay * (1 + random.random()))
                 delay = min(delay * 2, 5.0)
 
-    async def _list(self) -> None:
-        seen: set[tuple[str, str]] = set()
+    async def _pages(self) -> AsyncIterator[Body | None]:
+        """A paginated LIST, page by page (decoded); ``None`` when the continue token
+        expired mid-list and the list starts over."""
         cont = ""
-        version = ""
         while True:
             params = {"limit": str(PAGE)}
             if cont:
@@ -117,27 +117,47 @@ class Informer:
             ) as rsp:
                 raw = await rsp.read()
                 if rsp.status == 410:
-                    # The continue token expired mid-list: start the list over.
-                    cont, seen = "", set()
+                    cont = ""
+                    yield None
                     continue
                 if rsp.status != 200:
                     raise RuntimeError(f"LIST {self.plural}: HTTP {rsp.status}: {raw[:300]!r}")
             listed = views.decode(raw)
-            meta = listed.get("metadata") or {}
-            if not version:
-                version = str(meta.get("resourceVersion") or "")
-            for item in listed.get("items") or []:
-                key = views.key_of(item)
-                seen.add(key)
-                # A list's items carry no kind; the body keeps what the views read.
-                self._deliver("MODIFIED" if key in self.known else "ADDED", item, 0)
-            cont = str(meta.get("continue") or "")
+            yield listed
+            cont = str((listed.get("metadata") or {}).get("continue") or "")
             if not cont:
-                break
+                return
+
+    def _deliver_listed(self, item: Body) -> tuple[str, str]:
+        key = views.key_of(item)
+        # A list's items carry no kind; the body keeps what the views read.
+        self._deliver("MODIFIED" if key in self.known else "ADDED", item, 0)
+        return key
+
+    async def _list(self) -> None:
+        seen: set[tuple[str, str]] = set()
+        version = ""
+        async for listed in self._pages():
+            if listed is None:
+                seen = set()
+                continue
+            if not version:
+                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
+            for item in listed.get("items") or []:
+                seen.add(self._deliver_listed(item))
         for key in [k for k in self.known if k not in seen]:
             # Deleted while we were not watching: a relist must say so.
             self._deliver("DELETED", self.known[key], 0)
         self.resource_version = version
+
+    async def catch_up(self) -> None:
+        """A fresh LIST delivered into the cache, the watch left as it is: what the API
+        server holds now reaches the controller even if the watch is behind. Older
+        objects the watch delivers later are ignored by resourceVersion; a deletion is
+        left to the watch. A new leader calls this before its first decision."""
+        async for listed in self._pages():
+            for item in (listed or {}).get("items") or []:
+                self._deliver_listed(item)
 
     async def _watch(self) -> None:
         url = self._url(

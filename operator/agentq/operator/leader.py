@@ -9,8 +9,9 @@ caches. As in client-go:
 - a leader that has not renewed for ``renew_deadline`` stops deciding, and the
   deadline is below the lease duration (``OperatorConfig.check``), so it stops
   before anyone else may start; ``valid()`` lets the controller check it before
-  every step (a process stopped for longer than that must not decide a single
-  step when it resumes);
+  every step and again as each decision's write is about to be sent
+  (``Controller.call``): a process stopped for longer than that must neither decide
+  a single step nor send a decision it made before the stop when it resumes;
 - every round has a timeout (a hung request is a failed round, not a hang);
 - losing leadership cancels the writes in flight (``on_change(False)``);
 - a clean shutdown releases the Lease (holder cleared, as ReleaseOnCancel) so

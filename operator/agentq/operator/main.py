@@ -2,9 +2,10 @@
 or kopf), the leader elector, the controller loop, the metrics endpoint -- and the
 order in which they stop.
 
-Shutdown (SIGTERM, SIGINT, or ``stop``): first stop deciding (cancel the writes
-in flight), then release the leader Lease so the standby takes over at its next
-retry, then stop the watches and close the connections. The operator installs
+Shutdown (SIGTERM, SIGINT, or ``stop``): first stop deciding (send nothing new,
+let the writes already sent finish, at most a request timeout), then release the
+leader Lease so the standby takes over at its next retry, then stop the watches
+and close the connections. The operator installs
 its own signal handlers (after kopf's, in kopf mode: kopf's would stop the
 watches first and leave the controller deciding on a frozen cache).
 """
@@ -25,7 +26,8 @@ from agentq.models import TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import connection as connections
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
-from agentq.operator.controller import AlwaysHealthy, Controller, WatchHealth
+from agentq.operator.controller import Controller
+from agentq.operator.health import AlwaysHealthy, WatchHealth
 from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
 from agentq.operator.port import Kube, lease_path, object_path
@@ -121,10 +123,18 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     metrics.serve(config.metrics_port)
     metrics.LEADER.set(1 if controller.leading else 0)
 
+    draining: list[asyncio.Task[None]] = []
+
+    async def drain_then_stop() -> None:
+        try:
+            await controller.drain(config.request_timeout)
+        finally:
+            stop.set()
+
     def on_signal(sig: signal.Signals) -> None:
         log.info("%s: stopping (decisions first, then leadership, then watches)", sig.name)
-        controller.stop_deciding()
-        stop.set()
+        if not draining:  # a second signal changes nothing: the drain is bounded
+            draining.append(asyncio.create_task(drain_then_stop()))
 
     def install_signals() -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -140,10 +150,18 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     watchers: list[asyncio.Task[Any]] = []
     kopf_stop: asyncio.Future[None] = loop.create_future()
     if informer_mode:
-        for informer in _informers(config, conn, session, controller, health):
+        informers = _informers(config, conn, session, controller, health)
+        for informer in informers:
             watchers.append(
                 asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")
             )
+        task_informers = [i for i in informers if i.plural == TASK_PLURAL]
+
+        async def catch_up() -> None:
+            await asyncio.gather(*(i.catch_up() for i in task_informers))
+
+        if config.leader_election:
+            controller.catch_up = catch_up
     else:
         watchers.append(asyncio.create_task(_kopf(config, controller, kopf_stop, install_signals)))
 

@@ -17,6 +17,13 @@ DISPATCH_LATENCY = Histogram(
     "From a task becoming dispatchable to its assignment being committed.",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+EXPIRY_LAG = Histogram(
+    "agentq_expiry_lag_seconds",
+    "From a claim's lease expiring, or the grace period it was given ending (by the "
+    "operator's clock), to the decision about it (reclaim, dead letter, hold, grace) "
+    "being committed.",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30),
+)
 COMMIT_CONFLICTS = Counter(
     "agentq_commit_conflicts_total", "Decisions dropped because the object changed (409).", ["kind"]
 )
@@ -75,6 +82,10 @@ UNPROCESSABLE = Counter(
 EVENTS_DROPPED = Counter(
     "agentq_events_dropped_total",
     "Kubernetes Events not recorded because the API server was too slow to take them.",
+)
+EVENTS_QUEUED = Gauge(
+    "agentq_events_queued",
+    "Kubernetes Events waiting to be written (they yield to decisions while those wait).",
 )
 
 

@@ -48,6 +48,11 @@ class KubeError(RuntimeError):
     """A call whose outcome is unknown (timeout, connection lost, 5xx, throttled)."""
 
 
+class NotLeading(KubeError):
+    """A decision's call was not sent: this replica may no longer lead (its outcome is
+    known: nothing happened; the leader of the moment decides again)."""
+
+
 class Kube(Protocol):
     """Every API call the operator makes (reads of its watches aside)."""
 

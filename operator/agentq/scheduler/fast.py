@@ -24,6 +24,11 @@ their order does not change as rounds pass:
 ``V`` back, or a larger task raises the adaptive cap) every capped worker goes
 back to ``open`` and is re-examined. Heap entries are invalidated lazily by a
 version number and the heaps are rebuilt when stale entries dominate.
+
+A task's ``avoid`` set (the workers of its failed attempts) costs nothing unless
+a group's best worker is in it; then the group looks past at most ``len(avoid)``
+entries per heap (popped and pushed back), so a decision stays
+O(G (1 + |avoid|) log n).
 """
 
 from __future__ import annotations
@@ -90,9 +95,28 @@ class _Group:
                 break
         return heap
 
-    def best(self, threshold: float) -> tuple[tuple[float, str] | None, float]:
-        """The least ``(key, name)`` among this group's available workers, and
-        their least ``max(tag, threshold)``."""
+    def _first_outside(
+        self, heap: list[tuple[float, str, int]], *, capped: bool, avoid: frozenset[str]
+    ) -> tuple[float, str, int] | None:
+        """The heap's least current entry of a worker not in ``avoid`` (None if there is
+        none). Current entries of avoided workers are popped to look past them and pushed
+        back: at most ``len(avoid)`` of them."""
+        set_aside: list[tuple[float, str, int]] = []
+        found: tuple[float, str, int] | None = None
+        while self._top(heap, capped=capped):
+            if heap[0][1] not in avoid:
+                found = heap[0]
+                break
+            set_aside.append(heapq.heappop(heap))
+        for entry in set_aside:
+            heapq.heappush(heap, entry)
+        return found
+
+    def best(
+        self, threshold: float, avoid: frozenset[str]
+    ) -> tuple[tuple[float, str] | None, tuple[float, str] | None, float]:
+        """The least ``(key, name)`` among this group's available workers outside
+        ``avoid``, the least among all of them, and their least ``max(tag, threshold)``."""
         members = self.members
         watch = self.watch
         while watch:
@@ -106,6 +130,7 @@ class _Group:
                 heapq.heappush(self.capped, (worker.load / worker.spec.weight, name, version))
             else:
                 break
+        # Every uncapped worker's tag is now >= threshold: its open key is the rule's key.
         opened = self._top(self.open, capped=False)
         capped = self._top(self.capped, capped=True)
         best: tuple[float, str] | None = None
@@ -119,7 +144,19 @@ class _Group:
             if best is None or candidate < best:
                 best = candidate
             floor = threshold
-        return best, floor
+        if best is None or best[1] not in avoid:
+            return best, best, floor
+        # The group's best is to be avoided: look past the avoided workers.
+        preferred: tuple[float, str] | None = None
+        entry = self._first_outside(self.open, capped=False, avoid=avoid)
+        if entry is not None:
+            preferred = (entry[0], entry[1])
+        entry = self._first_outside(self.capped, capped=True, avoid=avoid)
+        if entry is not None:
+            candidate = (threshold + entry[0], entry[1])
+            if preferred is None or candidate < preferred:
+                preferred = candidate
+        return preferred, best, floor
 
 
 class Scheduler(Ledger):
@@ -179,19 +216,28 @@ class Scheduler(Ledger):
             self._matching[required] = groups
         return groups
 
-    def _select(self, required: frozenset[str], threshold: float) -> tuple[_Worker | None, float]:
+    def _select(
+        self, required: frozenset[str], threshold: float, avoid: frozenset[str]
+    ) -> tuple[_Worker | None, float]:
         if threshold < self._cap_level:
             self._uncap_all()
         self._cap_level = threshold
-        best: tuple[float, str] | None = None
+        best: tuple[float, str] | None = None  # the least key outside ``avoid``
         best_group: _Group | None = None
+        fallback: tuple[float, str] | None = None  # the least key of all
+        fallback_group: _Group | None = None
         floor = math.inf
         for group in self._groups_for(required):
-            candidate, group_floor = group.best(threshold)
+            preferred, candidate, group_floor = group.best(threshold, avoid)
             if group_floor < floor:
                 floor = group_floor
-            if candidate is not None and (best is None or candidate < best):
-                best, best_group = candidate, group
-        if best is None or best_group is None:
-            return None, floor
-        return best_group.members[best[1]], floor
+            if preferred is not None and (best is None or preferred < best):
+                best, best_group = preferred, group
+            if candidate is not None and (fallback is None or candidate < fallback):
+                fallback, fallback_group = candidate, group
+        if best is not None and best_group is not None:
+            return best_group.members[best[1]], floor
+        # Every eligible worker is avoided: the least of them (nothing starves).
+        if fallback is not None and fallback_group is not None:
+            return fallback_group.members[fallback[1]], floor
+        return None, floor

@@ -128,10 +128,14 @@ class Ledger(ABC):
     # -- the selection, implemented by the two indexes ---------------------------------
 
     @abstractmethod
-    def _select(self, required: frozenset[str], threshold: float) -> tuple[_Worker | None, float]:
-        """Among the available workers covering ``required``: the one with the least
-        ``(max(tag, threshold) + load / weight, name)`` (``None`` if there is none),
-        and the least ``max(tag, threshold)`` (``inf`` if there is none)."""
+    def _select(
+        self, required: frozenset[str], threshold: float, avoid: frozenset[str]
+    ) -> tuple[_Worker | None, float]:
+        """Among the available workers covering ``required`` (the eligible ones): the one
+        with the least ``(max(tag, threshold) + load / weight, name)`` whose name is not
+        in ``avoid`` -- or, when every eligible worker is in ``avoid``, the least of them
+        (``None`` if no worker is eligible); and the least ``max(tag, threshold)`` over
+        every eligible worker, avoided or not (``inf`` if there is none)."""
 
     @abstractmethod
     def _on_added(self, worker: _Worker) -> None:
@@ -239,7 +243,7 @@ class Ledger(ABC):
             if task.cost > self._max_cost:
                 self._max_cost = task.cost
             threshold = self._threshold()
-            worker, floor = self._select(task.required, threshold)
+            worker, floor = self._select(task.required, threshold, task.avoid)
             if worker is not None:
                 decisions.append(self._charge(worker, task, threshold, floor))
         return decisions

@@ -52,17 +52,26 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A pending task: the capabilities it needs and its estimated relative cost."""
+    """A pending task: the capabilities it needs and its estimated relative cost.
+
+    ``avoid`` names workers the task should not go back to (the workers of its
+    failed attempts): the core prefers any other eligible worker and picks an
+    avoided one only when no other eligible worker can take the task, so an
+    avoid set never leaves a task pending that could be dispatched.
+    """
 
     name: str
     required: frozenset[str]
     cost: float = 1.0
+    avoid: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a task needs a name")
         if not isinstance(self.required, frozenset):
             raise TypeError("required must be a frozenset")
+        if not isinstance(self.avoid, frozenset):
+            raise TypeError("avoid must be a frozenset")
         _check_positive(f"task {self.name!r}: cost", self.cost)
 
 

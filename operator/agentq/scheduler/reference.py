@@ -29,9 +29,13 @@ class ReferenceScheduler(Ledger):
     def _on_changed(self, worker: _Worker) -> None:
         pass
 
-    def _select(self, required: frozenset[str], threshold: float) -> tuple[_Worker | None, float]:
-        best: _Worker | None = None
+    def _select(
+        self, required: frozenset[str], threshold: float, avoid: frozenset[str]
+    ) -> tuple[_Worker | None, float]:
+        best: _Worker | None = None  # the least key outside ``avoid``
         best_key: tuple[float, str] | None = None
+        fallback: _Worker | None = None  # the least key inside ``avoid``
+        fallback_key: tuple[float, str] | None = None
         floor = math.inf
         for worker in self._workers.values():
             spec = worker.spec
@@ -42,6 +46,10 @@ class ReferenceScheduler(Ledger):
             tag = max(worker.tag, threshold)
             floor = min(floor, tag)
             key = (tag + worker.load / spec.weight, spec.name)
-            if best_key is None or key < best_key:
+            if spec.name in avoid:
+                if fallback_key is None or key < fallback_key:
+                    fallback, fallback_key = worker, key
+            elif best_key is None or key < best_key:
                 best, best_key = worker, key
-        return best, floor
+        # An avoided worker only when no other eligible worker can take the task.
+        return (best if best is not None else fallback), floor

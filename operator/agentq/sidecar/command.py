@@ -23,7 +23,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import click
 from aiohttp import web
 from pydantic import ValidationError
 
-from agentq import protocol
+from agentq import jsonlog, protocol
 from agentq.clock import Clock, SystemClock
 from agentq.models import AgentWorkerSpec
 from agentq.sidecar import metrics
@@ -49,21 +48,6 @@ log = logging.getLogger("agentq.sidecar")
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the traceback)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname,
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
 
 
 @dataclass(frozen=True)
@@ -322,9 +306,7 @@ def sidecar(
     log_level: str,
 ) -> None:
     """Run the heartbeat sidecar of one agent: worker Lease, task Leases, agent API."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    logging.basicConfig(level=log_level, handlers=[handler])
+    jsonlog.setup(log_level)
     try:
         protocol.label_value(worker)
     except protocol.ProtocolError as err:

@@ -243,6 +243,25 @@ def test_requeue_is_honoured_once_for_requeuable_phases() -> None:
     assert claims.decide(handled, None, seen(), POLICY).transition is None
 
 
+def test_a_requeue_request_longer_than_status_holds_is_honoured_once() -> None:
+    request = "r" * 300  # status.requeueHandled holds at most 256 characters
+    t = view(
+        task("t").set("metadata.annotations", {protocol.ANNOTATION_REQUEUE: request}),
+        phase="DeadLettered",
+    )
+    decision = claims.decide(t, None, seen(), POLICY)
+    assert decision.transition is not None and decision.transition.phase is TaskPhase.PENDING
+    stored = decision.transition.patch["requeueHandled"]
+    assert len(stored) <= 256
+    # The redriven task dead-letters again, the same request still on it: not again.
+    again = view(
+        task("t").set("metadata.annotations", {protocol.ANNOTATION_REQUEUE: request}),
+        phase="DeadLettered",
+        requeueHandled=stored,
+    )
+    assert claims.decide(again, None, seen(), POLICY).transition is None
+
+
 def test_unschedulable_names_the_missing_capabilities_and_clears() -> None:
     t = view(task("t").requires("gpu", "llm"), phase="Pending")
     message = claims.missing_capabilities(
@@ -300,3 +319,32 @@ def test_token_blocks_start_above_everything_seen() -> None:
     assert claims.reserve_tokens(0, 0, 100) == (1, 100)
     assert claims.reserve_tokens(100, 40, 100) == (101, 200)
     assert claims.reserve_tokens(100, 500, 10) == (501, 510)
+
+
+# -- the workers a re-dispatch avoids ---------------------------------------------------------
+
+
+def _entry(worker: str | None, outcome: str, attempt: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {"outcome": outcome, "attempt": attempt, "time": "2026-01-01T00:00:00Z"}
+    if worker is not None:
+        entry["worker"] = worker
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("history", "expected"),
+    [
+        ([], frozenset()),
+        ([_entry("w1", "Failed", 1)], frozenset({"w1"})),
+        ([_entry("w1", "Failed", 1), _entry("w2", "Failed", 2)], frozenset({"w1", "w2"})),
+        ([_entry("w1", "Held", 1), _entry(None, "Requeued", 1)], frozenset({"w1"})),
+        ([_entry("w1", "Succeeded", 1), _entry(None, "Requeued", 1)], frozenset()),
+        ([_entry(None, "Failed", 1)], frozenset()),
+    ],
+    ids=["none", "one-failure", "two-failures", "held-then-requeued", "succeeded", "no-worker"],
+)
+def test_a_redispatch_avoids_the_workers_of_failed_attempts(
+    history: list[dict[str, Any]], expected: frozenset[str]
+) -> None:
+    status = view(phase="Pending", reclaims=len(history), history=history).status
+    assert claims.workers_to_avoid(status) == expected

@@ -43,9 +43,12 @@ def test_logs_are_one_json_object_per_line() -> None:
     import json
     import logging
 
-    from agentq.operator.command import JsonFormatter
+    from agentq.jsonlog import JsonFormatter
 
     record = logging.LogRecord("agentq.x", logging.INFO, __file__, 1, 'said "%s"', ("hi",), None)
     line = JsonFormatter().format(record)
     assert json.loads(line)["msg"] == 'said "hi"'
     assert json.loads(line)["level"] == "INFO"
+    record.created = 1_700_000_000.25
+    # UTC with milliseconds: lines of the operator and the sidecar can be ordered.
+    assert json.loads(JsonFormatter().format(record))["time"] == "2023-11-14T22:13:20.250Z"

@@ -175,7 +175,7 @@ async def test_a_stalled_operator_gives_leases_the_stalled_time_back() -> None:
 
 @run
 async def test_no_expiry_is_judged_while_a_watch_is_down() -> None:
-    from agentq.operator.controller import WatchHealth
+    from agentq.operator.health import WatchHealth
 
     h = Harness()
     health = WatchHealth(["leases"])
@@ -239,6 +239,19 @@ async def test_a_lease_replace_that_loses_a_race_is_retried_as_a_clean_create() 
 
     h.kube.create_lease = create  # type: ignore[method-assign]
     task_view = h.controller.tasks[(NS, "t")]
-    await h.controller._write_grant(task_view, stale)
+    await h.controller.committer.write_grant(task_view, stale)
     assert created and all("resourceVersion" not in meta for meta in created)
     assert h.lease("t") is not None
+
+
+@run
+async def test_a_worker_status_write_lost_to_an_api_server_outage_is_written_again() -> None:
+    h = Harness()
+    h.kube.inject(
+        "patch_status", KubeError("connection refused"), when=lambda a: a[0] == "agentworkers"
+    )
+    h.worker("w1", "llm")
+    await h.settle()
+    assert h.kube.calls["patch_status"] >= 1 and not h.worker_status("w1")
+    await h.run_for(h.config.worker_status_interval + 2)
+    assert h.worker_status("w1").get("phase") == "Ready"

@@ -51,10 +51,10 @@ async def test_a_task_deleted_during_its_grace_period_leaves_nothing_behind() ->
     h.worker("w1", "llm", lease_seconds=1000)
     await running(h, "t", task("t").requires("llm").lease(3).on_expiry("GracePeriod", grace=60))
     await h.advance(3.1)
-    assert h.controller._grace
+    assert h.controller.grace
     h.delete_task("t")
     await h.settle()  # the ticking clock makes a spinning timer fail here
-    assert not h.controller._grace
+    assert not h.controller.grace
     steps = h.controller.stats.steps
     await h.advance(10)
     assert h.controller.stats.steps - steps < 5, "the loop keeps waking for a deleted task"
@@ -91,7 +91,7 @@ async def test_tables_are_emptied_when_their_objects_go() -> None:
     )  # refused
     await h.advance(3.5)  # grace periods, suspect workers
     c = h.controller
-    assert c._grace and c._suspect and c._refused
+    assert c.grace and c.ready.suspect and c.refused
     for name in [*(f"t{i}" for i in range(6)), "lonely"]:
         h.delete_task(name)
     for worker in ("w1", "w2"):
@@ -102,20 +102,20 @@ async def test_tables_are_emptied_when_their_objects_go() -> None:
         c.tasks,
         c.workers,
         c.leases,
-        c._grace,
-        c._suspect,
-        c._refused,
-        c._progress_written,
-        c._pending_since,
+        c.grace,
+        c.ready.suspect,
+        c.refused,
+        c.progress_written,
+        c.pending_since,
         c._backoff,
-        c._unwritable,
-        c._readiness,
-        c._unlabelled,
-        c._worker_written,
-        c._publish_due,
+        c.unwritable,
+        c.ready.of,
+        c.ready.unlabelled,
+        c.publisher.written,
+        c.publisher.due,
     ):
         assert not table, table
-    assert all(not tasks for tasks in c._claims.values())
+    assert all(not tasks for tasks in c.claims_of.values())
     assert len(c.tracker) == 0 and len(c.queue) == 0
     assert len(c._tombstones) <= c._tombstones.limit
     ready = {s.labels.get("worker") for m in metrics.WORKER_READY.collect() for s in m.samples}
@@ -131,12 +131,12 @@ async def test_losing_leadership_cancels_the_writes_in_flight() -> None:
     for _ in range(10):  # the first step reserves a block of tokens, a later one grants
         h.controller.step()
         await asyncio.sleep(0.001)
-        if h.controller._grants:
+        if h.controller.dispatcher.grants:
             break
-    assert h.controller._grants, "a grant is in flight"
+    assert h.controller.dispatcher.grants, "a grant is in flight"
     h.controller.set_leading(False)
     await asyncio.sleep(0.01)
-    assert not h.controller._writes and not h.controller._grants
+    assert not h.controller.writes and not h.controller.dispatcher.grants
 
 
 def test_a_leader_lease_shorter_than_the_renew_deadline_is_refused() -> None:

@@ -1,10 +1,14 @@
 """Properties of the dispatch rule over random fleets and workloads (hypothesis).
 
-- the fast index makes exactly the decisions of the full-scan reference;
+- the fast index makes exactly the decisions of the full-scan reference,
+  avoid sets included;
 - over a saturated backlog every worker's assigned cost stays within one
   maximum task cost of its entitlement (the DRR bound, in the form of
-  Shreedhar & Varghese, and relative to the total where that holds);
-- a task some available worker covers is always dispatched, and only there;
+  Shreedhar & Varghese, and relative to the total where that holds); with
+  avoid sets, a worker is ahead of it only by the cost of the tasks it took
+  because a worker owed more was avoided;
+- a task some available worker covers is always dispatched, and only there:
+  outside its avoid set whenever an eligible worker outside it exists;
 - no worker ever holds credit above the cap.
 """
 
@@ -78,7 +82,7 @@ class Remove:
 
 @dataclass(frozen=True)
 class Plan:
-    tasks: tuple[tuple[frozenset[str], float], ...]
+    tasks: tuple[tuple[frozenset[str], float, frozenset[str]], ...]  # (required, cost, avoid)
 
 
 @dataclass(frozen=True)
@@ -100,11 +104,18 @@ class Restore:
 
 Op = Upsert | Remove | Plan | Abort | Release | Restore
 
+# Avoid sets as a re-dispatch gives them: empty for most tasks, else a worker or two
+# (names of workers that may or may not exist).
+avoid_sets = st.one_of(
+    st.just(frozenset()),
+    st.just(frozenset()),
+    st.frozensets(st.sampled_from(NAMES), min_size=1, max_size=3),
+)
 plans = st.builds(
     Plan,
-    st.lists(st.tuples(st.sampled_from(CAPABILITY_SETS[:4]), costs), min_size=1, max_size=8).map(
-        tuple
-    ),
+    st.lists(
+        st.tuples(st.sampled_from(CAPABILITY_SETS[:4]), costs, avoid_sets), min_size=1, max_size=8
+    ).map(tuple),
 )
 releases = st.builds(Release, st.integers(0, 50), st.booleans())
 # A fleet first (so that most examples have several workers to choose between),
@@ -157,9 +168,9 @@ class Driver:
             return [core.remove_worker(name) for core in self.cores]
         if isinstance(op, Plan):
             batch = []
-            for required, cost in op.tasks:
+            for required, cost, avoid in op.tasks:
                 self.counter += 1
-                batch.append(TaskSpec(f"t{self.counter}", required, cost))
+                batch.append(TaskSpec(f"t{self.counter}", required, cost, avoid))
             answers = [core.plan(batch) for core in self.cores]
             self.recent = list(answers[0])
             self.held.extend(a.task for a in answers[0])
@@ -268,6 +279,71 @@ def test_a_saturated_backlog_keeps_every_share_within_one_max_task_cost(
                 assert abs(error) <= largest + slack
 
 
+@PROPERTY
+@given(
+    st.lists(weights, min_size=2, max_size=8),
+    st.lists(
+        st.tuples(costs, st.frozensets(st.integers(0, 7), max_size=3)), min_size=1, max_size=150
+    ),
+    st.sampled_from(["hold", "complete"]),
+)
+def test_with_avoid_sets_a_worker_is_ahead_only_by_what_it_took_for_an_avoided_one(
+    fleet_weights: list[float],
+    workload: list[tuple[float, frozenset[int]]],
+    mode: str,
+) -> None:
+    """The DRR bound with re-dispatch preferences: a saturated backlog as above, each
+    task avoiding a few workers. An avoided worker is not charged (it keeps its credit),
+    so the rule still gives each task to a worker owed the most among those it may
+    take; a worker can run ahead of its share only by taking a task while a worker owed
+    more was avoided. With ``E_i`` the cost of the tasks worker i took while some
+    worker had fewer rounds (``a_j / w_j``) than it:
+
+    - ``w_i * m <= a_i <= w_i * m + C + E_i`` (``E_i = 0`` without avoid sets: the
+      bound above);
+    - a task went past a worker owed more than the one that took it only because that
+      worker was in its avoid set;
+    - a worker outside the avoid set took the task whenever one existed.
+
+    No cap (``credit_cap`` large): an avoided worker may fall behind by more than
+    the default cap, and then forfeits credit by design (docs/scheduling.md).
+    """
+    core = Scheduler(credit_cap=1e12)
+    names = [f"w{i}" for i in range(len(fleet_weights))]
+    for name, weight in zip(names, fleet_weights, strict=True):
+        core.upsert_worker(WorkerSpec(name, frozenset(), weight=weight, max_in_flight=10_000))
+    weight_of = dict(zip(names, fleet_weights, strict=True))
+    assigned = dict.fromkeys(names, 0.0)
+    ahead = dict.fromkeys(names, 0.0)  # E_i
+    largest = 0.0
+    for index, (cost, picks) in enumerate(workload):
+        avoid = frozenset(names[p % len(names)] for p in picks)
+        rounds_before = {name: assigned[name] / weight_of[name] for name in names}
+        least = min(rounds_before.values())
+        total = math.fsum(assigned.values())
+        slack = EPS * (1 + total + cost)
+        (decision,) = core.plan([TaskSpec(f"t{index}", frozenset(), cost, avoid)])
+        chosen = decision.worker
+        if len(avoid) < len(names):
+            assert chosen not in avoid
+        # Every worker owed more than the chosen one (fewer rounds) was avoided.
+        owed_more = {n for n in names if rounds_before[n] < rounds_before[chosen] - slack}
+        assert owed_more <= avoid, (chosen, owed_more, avoid)
+        if rounds_before[chosen] > least + slack:
+            ahead[chosen] += cost
+        if mode == "complete":
+            core.release(decision.task, completed=True)
+        assigned[chosen] += cost
+        largest = max(largest, cost)
+        total = math.fsum(assigned.values())
+        rounds = min(assigned[name] / weight_of[name] for name in names)
+        slack = EPS * (1 + total)
+        for name in names:
+            weight = weight_of[name]
+            assert weight * rounds - slack <= assigned[name]
+            assert assigned[name] <= weight * rounds + largest + ahead[name] + slack
+
+
 def test_the_bound_relative_to_the_total_is_tight_for_a_dominant_worker() -> None:
     """Why the relative form needs ``w_i <= W / (n - 1)`` for "within one C": with
     weights 1:2:4, two maximal tasks at the start go to the light workers (ties
@@ -291,10 +367,14 @@ def test_the_bound_relative_to_the_total_is_tight_for_a_dominant_worker() -> Non
 @given(
     st.lists(worker_specs, min_size=0, max_size=8, unique_by=lambda spec: spec.name),
     st.lists(st.integers(min_value=0, max_value=4), min_size=8, max_size=8),
-    st.lists(st.tuples(st.sampled_from(CAPABILITY_SETS), costs), min_size=1, max_size=12),
+    st.lists(
+        st.tuples(st.sampled_from(CAPABILITY_SETS), costs, avoid_sets), min_size=1, max_size=12
+    ),
 )
 def test_a_task_some_available_worker_covers_is_dispatched_and_only_there(
-    specs: list[WorkerSpec], loads: list[int], workload: list[tuple[frozenset[str], float]]
+    specs: list[WorkerSpec],
+    loads: list[int],
+    workload: list[tuple[frozenset[str], float, frozenset[str]]],
 ) -> None:
     core = Scheduler()
     for spec in specs:
@@ -303,7 +383,7 @@ def test_a_task_some_available_worker_covers_is_dispatched_and_only_there(
         for k in range(min(load, spec.max_in_flight)):
             core.restore(Assignment(f"{spec.name}-held-{k}", spec.name, 1.0))
     by_name = {spec.name: spec for spec in specs}
-    for index, (required, cost) in enumerate(workload):
+    for index, (required, cost, avoid) in enumerate(workload):
         eligible = {
             spec.name
             for spec in specs
@@ -312,10 +392,14 @@ def test_a_task_some_available_worker_covers_is_dispatched_and_only_there(
             and core.worker_state(spec.name).in_flight < spec.max_in_flight
             and required <= spec.capabilities
         }
-        decided = core.plan([TaskSpec(f"t{index}", required, cost)])
+        decided = core.plan([TaskSpec(f"t{index}", required, cost, avoid)])
         if eligible:
+            # An avoid set never leaves a task pending that some worker can take...
             assert len(decided) == 1
             assert decided[0].worker in eligible
             assert required <= by_name[decided[0].worker].capabilities
+            # ...and sends it back to an avoided worker only if no other one can take it.
+            if eligible - avoid:
+                assert decided[0].worker not in avoid
         else:
             assert decided == []

@@ -46,8 +46,14 @@ def worker(
     )
 
 
-def task(name: str, caps: str = "", *, cost: float = 1.0) -> TaskSpec:
-    return TaskSpec(name=name, required=frozenset(c for c in caps.split(",") if c), cost=cost)
+def task(name: str, caps: str = "", *, cost: float = 1.0, avoid: str = "") -> TaskSpec:
+    """A task spec; ``caps`` and ``avoid`` are comma-separated lists."""
+    return TaskSpec(
+        name=name,
+        required=frozenset(c for c in caps.split(",") if c),
+        cost=cost,
+        avoid=frozenset(w for w in avoid.split(",") if w),
+    )
 
 
 def tasks(count: int, caps: str = "", *, cost: float = 1.0, prefix: str = "t") -> list[TaskSpec]:
@@ -194,6 +200,72 @@ def test_a_task_nobody_can_take_is_skipped_and_later_ones_still_go(kind: type[Le
     core = fleet(kind, worker("a", "py"))
     decided = core.plan([task("t1", "gpu"), task("t2", "py")])
     assert decided == [Assignment("t2", "a", 1.0)]
+
+
+# -- a re-dispatch prefers another worker ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("specs", "caps", "avoid", "expected"),
+    [
+        # the rule's own choice is avoided: the next best eligible worker
+        ([worker("a"), worker("b"), worker("c")], "", "a", "b"),
+        ([worker("a"), worker("b"), worker("c")], "", "a,b", "c"),
+        # avoiding a worker the rule would not choose changes nothing
+        ([worker("a"), worker("b")], "", "b", "a"),
+        # every eligible worker avoided: the best of them (nothing starves)
+        ([worker("a"), worker("b")], "", "a,b", "a"),
+        # the only other worker cannot take it (capabilities, full, paused, not ready)
+        ([worker("a", "gpu"), worker("b", "py")], "gpu", "a", "a"),
+        ([worker("a"), worker("b", max_in_flight=1)], "", "a", "a"),
+        ([worker("a"), worker("b", paused=True)], "", "a", "a"),
+        ([worker("a"), worker("b", ready=False)], "", "a", "a"),
+        # across capability groups: the best non-avoided worker of any covering group
+        ([worker("a", "gpu,py"), worker("b", "py"), worker("c", "gpu,py")], "py", "a", "b"),
+        ([worker("a", "gpu,py"), worker("b", "py"), worker("c", "gpu,py")], "py", "a,b", "c"),
+        # names the core does not know are ignored
+        ([worker("a"), worker("b")], "", "zz", "a"),
+    ],
+    ids=[
+        "next-best",
+        "two-avoided",
+        "not-the-choice",
+        "all-avoided",
+        "other-lacks-capability",
+        "other-full",
+        "other-paused",
+        "other-not-ready",
+        "across-groups",
+        "across-groups-two",
+        "unknown-name",
+    ],
+)
+def test_a_task_goes_to_a_worker_outside_its_avoid_set_when_one_is_eligible(
+    kind: type[Ledger], specs: list[WorkerSpec], caps: str, avoid: str, expected: str
+) -> None:
+    core = fleet(kind, *specs)
+    if any(s.name == "b" and s.max_in_flight == 1 for s in specs):
+        core.restore(Assignment("held", "b", 1.0))  # b is full
+    (decided,) = core.plan([task("t", caps, avoid=avoid)])
+    assert decided.worker == expected
+
+
+def test_an_avoided_worker_keeps_its_credit_and_is_chosen_next(kind: type[Ledger]) -> None:
+    core = fleet(kind, worker("a"), worker("b"), worker("c"))
+    first = core.plan([task("t1", avoid="a")])
+    assert first[0].worker == "b"
+    # a was not charged: it is still owed its turn, and takes the next task.
+    assert core.worker_state("a").deficit > core.worker_state("b").deficit
+    assert [d.worker for d in core.plan([task("t2"), task("t3")])] == ["a", "c"]
+
+
+def test_an_avoided_capped_worker_is_looked_past_too(kind: type[Ledger]) -> None:
+    """Workers idle long enough to be at the credit cap sit in the index's "capped"
+    heap: the avoid set applies there as in the open heap."""
+    core = fleet(kind, worker("a"), worker("b"), worker("c"), worker("busy"), credit_cap=0.5)
+    core.plan([task(f"x{i}", avoid="a,b,c") for i in range(6)])  # a, b, c bank to the cap
+    (decided,) = core.plan([task("t", avoid="a")])
+    assert decided.worker == "b"
 
 
 # -- transitions ----------------------------------------------------------------------------
