@@ -16,6 +16,10 @@ from agentq import __version__
 # command name -> "module:attribute" of a click command or group.
 _COMMANDS: dict[str, str] = {
     "cluster": "agentq.controlplane.command:cluster",
+    "explain": "agentq.ops.commands:explain",
+    "top": "agentq.ops.commands:top",
+    "drain": "agentq.ops.commands:drain",
+    "uncordon": "agentq.ops.commands:uncordon",
     "simulate": "agentq.simulation.command:simulate",
     "operator": "agentq.operator.command:operator",
     "requeue": "agentq.requeue:requeue",
