@@ -384,7 +384,9 @@ class Fleet:
             self.namespace,
             *flags,
         ]
-        extra = dict(env or {})
+        # Worker status counts are a snapshot written at most every WORKER_STATUS_INTERVAL
+        # (30 s by default, from the leader's start): tests that read them wait 2 s.
+        extra = {"WORKER_STATUS_INTERVAL": "2", **(env or {})}
         # AGENTQ_TEST_OPERATOR_SRC=DIR runs the operator from another source tree (its
         # operator/ directory), e.g. `git archive main`: to see a test fail before a fix.
         src = os.environ.get("AGENTQ_TEST_OPERATOR_SRC")

@@ -4,15 +4,19 @@ with exactly the ServiceAccount and RBAC they install (a missing rule fails here
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from accounts import kubeconfig_for_token, token
+from accounts import bound_pod, kubeconfig_for_token, token
+from agentq import GROUP, VERSION
+from agentq.fencing import open_store
 from builders import task, worker
 from fleet import ControlPlane, Fleet
-from manifests import MANIFESTS, agent_objects, install_base, kustomize
+from manifests import MANIFESTS, agent_objects, install_base, kustomize, to_yaml
 
 
 def _by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -110,3 +114,101 @@ def test_the_operator_works_with_exactly_its_own_account(
     fleet.wait_all(lambda _: "phase" in (fleet.worker("w1").get("status") or {}))
     log = operator.text()
     assert "Forbidden" not in log and " 403" not in log and "forbidden" not in log, log[-3000:]
+
+
+def _agent_kubeconfig(
+    control_plane: ControlPlane, namespace: str, worker_name: str, path: Path
+) -> Path:
+    """Worker ``worker_name``'s own account from manifests/agent/ (the shipped role
+    ``agentq-agent``), with a token bound to a Pod object as a kubelet would mount it."""
+    core = client.CoreV1Api(control_plane.api_client())
+    objects = agent_objects(control_plane.kubectl_path, worker=worker_name, namespace=namespace)
+    accounts = [o for o in objects if o["kind"] in ("ServiceAccount", "RoleBinding")]
+    control_plane.kubectl("apply", "-f", "-", input=to_yaml(accounts))
+    account = f"agentq-agent-{worker_name}"
+    pod = bound_pod(core, namespace, account, f"{worker_name}-pod")
+    return kubeconfig_for_token(
+        control_plane.kubeconfig, token(core, namespace, account, pod=pod), path
+    )
+
+
+def test_agents_do_their_whole_job_with_their_own_accounts_under_the_admission_policy(
+    control_plane: ControlPlane, agentq_installed: None, fleet: Fleet, tmp_path: Path
+) -> None:
+    """Sidecars with exactly the shipped role and pod-bound tokens, under the policy
+    agentq-agent-writes: each registers its own AgentWorker, keeps its worker Lease,
+    renews and reports on its task Leases; a frozen sidecar's claim is reclaimed and,
+    woken up, it is refused (by the policy or a conflict), tells its agent, and keeps
+    serving; the sink shows one output per task."""
+    sink = f"sqlite://{tmp_path / 'sink.db'}"
+    own = {
+        name: _agent_kubeconfig(control_plane, fleet.namespace, name, tmp_path / f"{name}.kcfg")
+        for name in ("a", "b")
+    }
+    # a's agent works long enough to be frozen mid-task; it registers itself from flags.
+    pair_a = fleet.agent(
+        "a", "complete", kubeconfig=str(own["a"]), sink=sink, capabilities="slow", work_seconds=20
+    )
+    pair_b = fleet.agent(
+        "b", "complete", kubeconfig=str(own["b"]), sink=sink, capabilities="fast", work_seconds=0.2
+    )
+    fleet.operator()
+    fleet.wait_all(lambda _: _ready(fleet, "a") and _ready(fleet, "b"), timeout=60)
+    for i in range(3):
+        fleet.add_task(task(f"quick{i}").requires("fast"))
+    for i in range(3):
+        fleet.wait_phase(f"quick{i}", "Succeeded", timeout=60)
+
+    fleet.add_task(task("long").requires("slow").lease(3).backoff(initial=0))
+    first = fleet.wait_phase("long", "Running", timeout=30)["status"]
+    assert first["worker"] == "a"
+    # b may take it once a's claim is gone: b now offers "slow" too (its own update).
+    fleet.custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "agentworkers",
+        "b",
+        {"spec": {"capabilities": ["fast", "slow"]}},
+    )
+    before_freeze = len(pair_a.sidecar.text())
+    pair_a.sidecar.signal(signal.SIGSTOP)
+    try:
+        done = fleet.wait_task(
+            "long",
+            lambda b: (b.get("status") or {}).get("phase") == "Succeeded",
+            timeout=60,
+            what="re-dispatched to b and done",
+        )["status"]
+    finally:
+        pair_a.sidecar.signal(signal.SIGCONT)
+    assert done["worker"] == "b" and done["fencingToken"] > first["fencingToken"]
+
+    # a's sidecar, awake, learns its claim is gone and tells its agent; it keeps serving.
+    deadline = time.monotonic() + 30
+    while not [e for e in pair_a.agent.events() if e["event"] in ("lost", "sink-refused")]:
+        assert time.monotonic() < deadline, pair_a.agent.text()[-3000:]
+        time.sleep(0.2)
+    assert pair_a.sidecar.popen.poll() is None, pair_a.sidecar.text()[-3000:]
+    assert not [e for e in pair_a.agent.events() if e["event"] == "reported"]
+
+    with open_store(sink) as store:
+        rows = {r.key: r for r in store.records()}
+    assert sorted(rows) == ["long", "quick0", "quick1", "quick2"]
+    assert rows["long"].token == done["fencingToken"] and rows["long"].value["by"] == "b"
+    # b never met a refusal: its role and the policy allow everything it does.
+    for text in (pair_b.sidecar.text(), pair_a.sidecar.text()[:before_freeze]):
+        assert "Forbidden" not in text and "forbidden" not in text, text[-3000:]
+    worker_lease = fleet.leases.read_namespaced_lease("agentq-worker-b", fleet.namespace)
+    assert worker_lease.spec.holder_identity == "b-pod"
+
+
+def _ready(fleet: Fleet, name: str) -> bool:
+    """Whether AgentWorker ``name`` exists (its sidecar registers it) and is Ready."""
+    try:
+        body = fleet.worker(name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return bool((body.get("status") or {}).get("phase") == "Ready")

@@ -55,8 +55,8 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     row = next(line.split() for line in table.splitlines() if line.startswith("render-0 "))
     assert row[1:5] == ["Succeeded", "gpu-1", "1", "0"]
 
-    # Counts in worker status are published at most every WORKER_STATUS_INTERVAL (10 s)
-    # per worker: wait for them.
+    # Counts in worker status are published at most every WORKER_STATUS_INTERVAL (2 s in
+    # the tests) per worker: wait for them.
     def served(status: dict) -> bool:
         # the four gpu-only tasks, at least
         return status.get("inFlight") == 0 and status.get("servedCost", 0) >= 4

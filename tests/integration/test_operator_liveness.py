@@ -389,6 +389,11 @@ def test_tokens_are_never_reused_for_a_task_name_across_delete_and_recreate(
     fleet.add_task(task("job").requires("llm").lease(30))
     new = fleet.wait_task("job", lambda b: (b.get("status") or {}).get("worker") == "b")["status"]
     assert new["fencingToken"] > old["fencingToken"]
+    # A grant writes the task's status first, then creates its Lease: wait for the Lease.
+    deadline = time.monotonic() + 30
+    while (lease := fleet.task_lease("job")) is None or lease.spec.holder_identity != "b":
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.1)
     # The zombie wakes and writes its old attempt's report on whatever Lease is there.
     zombie_report = {"token": old["fencingToken"], "worker": "a", "outcome": "Succeeded"}
     lease_annotations(fleet, "job", {protocol.ANNOTATION_REPORT: json.dumps(zombie_report)})
