@@ -6,7 +6,9 @@ busy machine):
 1. the raw write rate of the API server: Lease creates with a plain aiohttp
    client at concurrency 32 -- the ceiling for everything else;
 2. dispatch throughput of a backlog: N pending AgentTasks over W AgentWorkers
-   (1,000 / 50 and 10,000 / 1,000), the operator started on the full backlog,
+   (1,000 / 50 and 10,000 / 1,000), the fleet registered first (an operator runs
+   until every worker shows Ready, then stops; its status writes are reported per
+   worker), then the operator started on the full backlog,
    timed from its first to its last grant (the operator's own
    ``agentq_dispatches_total``, sampled every 0.25 s); the longest stretch
    without a grant; API writes per dispatch split by resource and verb (the API
@@ -63,6 +65,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
+import docsection  # noqa: E402
 from load_common import LEASES, TASKS, WORKERS, Api, bounded  # noqa: E402
 
 from agentq.controlplane import Cluster  # noqa: E402
@@ -74,7 +77,7 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION_START = "<!-- bench-load:start -->"
 SECTION_END = "<!-- bench-load:end -->"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE")
+WRITE_VERBS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 # What the operator writes; the rest (the controller manager's own bookkeeping) is not
 # counted.
 OPERATOR_RESOURCES = (
@@ -123,8 +126,11 @@ _REQ = re.compile(r"^apiserver_request_total\{(.*)\} (\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-async def apiserver_writes(api: Api) -> collections.Counter[tuple[str, str]]:
-    """Cumulative write requests served, by (resource[/subresource], verb)."""
+async def apiserver_writes(
+    api: Api, verbs: frozenset[str] | None = WRITE_VERBS
+) -> collections.Counter[tuple[str, str]]:
+    """Cumulative requests served, by (resource[/subresource], verb): writes by default,
+    every verb with ``verbs=None``."""
     text = await api.text("/metrics")
     counts: collections.Counter[tuple[str, str]] = collections.Counter()
     for line in text.splitlines():
@@ -132,13 +138,18 @@ async def apiserver_writes(api: Api) -> collections.Counter[tuple[str, str]]:
         if not m:
             continue
         labels = dict(_LABEL.findall(m.group(1)))
-        if labels.get("verb") not in WRITE_VERBS:
+        if verbs is not None and labels.get("verb") not in verbs:
             continue
         resource = labels.get("resource", "")
         if labels.get("subresource"):
             resource += "/" + labels["subresource"]
         counts[(resource, labels["verb"])] += int(float(m.group(2)))
     return counts
+
+
+def safe(filename: str) -> str:
+    """A file name from a variant's name (which may hold a path and settings)."""
+    return re.sub(r"[^\w@=.+-]", "_", filename)
 
 
 # -- the pieces of a scenario ------------------------------------------------------------
@@ -149,9 +160,20 @@ class Variant:
     name: str
     flags: tuple[str, ...] = ()
     src: str | None = None  # another source tree's operator/ directory (PYTHONPATH)
+    env: dict[str, str] = field(default_factory=dict)  # operator settings (environment)
 
     @classmethod
     def parse(cls, text: str) -> Variant:
+        """``new``, ``kopf``, ``threads``, ``baseline=DIR``; any of them followed by
+        ``@VAR=value`` settings of the operator, e.g. ``new@WRITE_CONCURRENCY=64``."""
+        if "@" in text:
+            base, *settings = text.split("@")
+            variant = cls.parse(base)
+            for setting in settings:
+                var, _, value = setting.partition("=")
+                variant.env[var] = value
+            variant.name = "@".join([variant.name, *settings])
+            return variant
         if text == "new":
             return cls("new")
         if text == "kopf":
@@ -211,8 +233,8 @@ class Operator:
 
 def start_operator(env: Env, ns: str, variant: Variant, tag: str) -> Operator:
     port = free_port()
-    log = env.workdir / f"operator-{variant.name}-{tag}.log"
-    extra_env = {}
+    log = env.workdir / safe(f"operator-{variant.name}-{tag}.log")
+    extra_env = dict(variant.env)
     if variant.src:
         extra_env["PYTHONPATH"] = variant.src
     args = [
@@ -261,7 +283,7 @@ def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
 def start_fleet(
     env: Env, ns: str, workers: int, *extra: str, tag: str
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    log = env.workdir / f"fleet-{tag}.log"
+    log = env.workdir / safe(f"fleet-{tag}.log")
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             [
@@ -386,6 +408,140 @@ async def raw_write_rate(env: Env, count: int = 2000) -> Result:
         await drop_namespace(env, ns)
 
 
+async def raw_grant_rate(env: Env, count: int = 1000, concurrency: int = 32) -> Result:
+    """The ceiling for the grant's own write mix: a plain client makes, per pending task,
+    the writes of one grant -- the status CAS (merge patch with the resourceVersion),
+    the Lease create (owned by the task), the Event -- one after the other, ``concurrency``
+    tasks at a time, with no operator running. A status patch of a custom resource costs
+    the API server several times a Lease create, so the raw Lease rate alone overstates
+    what a grant can reach."""
+    ns = await make_namespace(env)
+    try:
+        await create_tasks(env, ns, count, lease=900)
+        items, _ = await env.api.list_all(TASKS.format(ns=ns))
+        stamp = "2026-01-01T00:00:00Z"
+
+        async def grant(i: int, task: dict[str, Any]) -> None:
+            meta = task["metadata"]
+            name = meta["name"]
+            token = 1_000_000 + i
+            await env.api.request(
+                "PATCH",
+                TASKS.format(ns=ns) + f"/{name}/status",
+                {
+                    "metadata": {"resourceVersion": meta["resourceVersion"]},
+                    "status": {
+                        "phase": "Assigned",
+                        "worker": "w0000",
+                        "attempt": 1,
+                        "reclaims": 0,
+                        "fencingToken": token,
+                        "leaseName": f"agentq-task-{name}",
+                        "assignedAt": stamp,
+                        "lastTransitionTime": stamp,
+                        "conditions": [
+                            {
+                                "type": "Assigned",
+                                "status": "True",
+                                "reason": "Assigned",
+                                "message": "assigned to w0000",
+                                "lastTransitionTime": stamp,
+                            }
+                        ],
+                    },
+                },
+                content_type="application/merge-patch+json",
+            )
+            await env.api.request(
+                "POST",
+                LEASES.format(ns=ns),
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": f"agentq-task-{name}",
+                        "labels": {"agentq.dev/lease": "task", "agentq.dev/task": name},
+                        "annotations": {"agentq.dev/fencing-token": str(token)},
+                        "ownerReferences": [
+                            {
+                                "apiVersion": "agentq.dev/v1alpha1",
+                                "kind": "AgentTask",
+                                "name": name,
+                                "uid": meta["uid"],
+                            }
+                        ],
+                    },
+                    "spec": {"holderIdentity": "w0000", "leaseDurationSeconds": 900},
+                },
+            )
+            await env.api.request(
+                "POST",
+                f"/api/v1/namespaces/{ns}/events",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"generateName": f"{name}."},
+                    "involvedObject": {
+                        "apiVersion": "agentq.dev/v1alpha1",
+                        "kind": "AgentTask",
+                        "name": name,
+                        "namespace": ns,
+                        "uid": meta["uid"],
+                    },
+                    "reason": "Assigned",
+                    "message": "attempt 1 assigned to worker w0000",
+                    "type": "Normal",
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                    "count": 1,
+                },
+            )
+
+        async def status_only(i: int, task: dict[str, Any]) -> None:
+            # A reclaim's one write: the status CAS alone (what 500 reclaims at once queue).
+            meta = task["metadata"]
+            await env.api.request(
+                "PATCH",
+                TASKS.format(ns=ns) + f"/{meta['name']}/status",
+                {
+                    "metadata": {"resourceVersion": meta["resourceVersion"]},
+                    "status": {"phase": "Pending", "attempt": 1, "fencingToken": 2_000_000 + i},
+                },
+                content_type="application/merge-patch+json",
+            )
+
+        cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        started = time.monotonic()
+        await bounded(
+            [lambda i=i, t=t: status_only(i, t) for i, t in enumerate(items)],  # type: ignore[misc]
+            concurrency,
+        )
+        status_took = time.monotonic() - started
+        items, _ = await env.api.list_all(TASKS.format(ns=ns))
+        cpu1 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        started = time.monotonic()
+        await bounded(
+            [lambda i=i, t=t: grant(i, t) for i, t in enumerate(items)],  # type: ignore[misc]
+            concurrency,
+        )
+        took = time.monotonic() - started
+        cpu = {k: cpu_seconds(p) - cpu1[k] for k, p in env.pids.items()}
+        return Result(
+            "raw-grants",
+            {
+                "grants_per_s": len(items) / took,
+                "apiserver_cpu_ms_per_grant": 1000 * cpu["kube-apiserver"] / len(items),
+                "etcd_cpu_ms_per_grant": 1000 * cpu["etcd"] / len(items),
+                "status_patches_per_s": len(items) / status_took,
+                "apiserver_cpu_ms_per_status_patch": 1000
+                * (cpu1["kube-apiserver"] - cpu0["kube-apiserver"])
+                / len(items),
+            },
+        )
+    finally:
+        await drop_namespace(env, ns)
+
+
 def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(exe).exists():
@@ -425,9 +581,26 @@ _CATEGORIES = (
         ("agentq/operator/cache", "agentq/operator/views", "agentq/operator/store"),
     ),
     ("async REST client (aiohttp)", ("agentq/operator/rest", "aiohttp/")),
-    ("controller loop", ("agentq/operator/controller",)),
+    (
+        "controller (loop, commit, dispatch, publish, slots, events)",
+        (
+            "agentq/operator/controller",
+            "agentq/operator/commit",
+            "agentq/operator/dispatch",
+            "agentq/operator/publish",
+            "agentq/operator/readiness",
+            "agentq/operator/slots",
+            "agentq/operator/events",
+        ),
+    ),
     ("metrics", ("prometheus_client/",)),
 )
+
+
+def storm_cpu(figures: dict[str, Any]) -> str:
+    cpu = figures.get("cpu_s") or {}
+    parts = [cpu.get("operator"), cpu.get("kube-apiserver"), cpu.get("etcd")]
+    return " / ".join("-" if v is None else f"{v:.2f}" for v in parts)
 
 
 def top_of_profile(raw: Path, limit: int = 8) -> list[tuple[str, float]]:
@@ -455,6 +628,28 @@ def top_of_profile(raw: Path, limit: int = 8) -> list[tuple[str, float]]:
     return shares
 
 
+async def register_fleet(env: Env, ns: str, variant: Variant, workers: int, *, tag: str) -> int:
+    """Run an operator until every worker of ``ns`` shows Ready, then stop it (SIGTERM:
+    it releases its leader Lease). Returns the AgentWorker status writes it made."""
+    before = await apiserver_writes(env.api)
+    operator = start_operator(env, ns, variant, f"{tag}-register")
+    try:
+        deadline = time.monotonic() + 120 + workers / 5
+        while True:
+            items, _ = await env.api.list_all(WORKERS.format(ns=ns))
+            ready = sum(1 for w in items if (w.get("status") or {}).get("phase") == "Ready")
+            if ready >= workers:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{ready} of {workers} workers Ready: {operator.log}")
+            await asyncio.sleep(0.5)
+    finally:
+        stop(operator.proc)
+    after = await quiet_writes(env.api, limit=30.0)
+    key = ("agentworkers/status", "PATCH")
+    return int(after.get(key, 0) - before.get(key, 0))
+
+
 async def dispatch(
     env: Env, variant: Variant, tasks: int, workers: int, *, profile: bool, renewals: bool
 ) -> Result:
@@ -467,6 +662,11 @@ async def dispatch(
         per_worker = math.ceil(tasks / workers) + 1
         await create_workers(env, ns, workers, per_worker)
         fleet, _ = start_fleet(env, ns, workers, tag=f"{variant.name}-{tasks}")
+        # The fleet is registered before the backlog arrives, as in a cluster that runs:
+        # an operator has seen every worker Ready once (one status write per new worker,
+        # counted apart), then stops; the backlog is created; the measured operator
+        # starts on it.
+        registration_writes = await register_fleet(env, ns, variant, workers, tag=f"{tasks}")
         await create_tasks(env, ns, tasks, lease=900)
         # When each task was first seen granted: from a watch of our own, opened before the
         # operator starts, so measuring costs the operator nothing (scraping would).
@@ -481,7 +681,7 @@ async def dispatch(
         spy = None
         if profile:
             OUT.mkdir(exist_ok=True)
-            spy_out = OUT / f"profile-{variant.name}-{tasks}.txt"
+            spy_out = OUT / safe(f"profile-{variant.name}-{tasks}.txt")
             spy = py_spy(operator.pid, spy_out, seconds=600)
         samples: list[tuple[float, int, float]] = []  # (t, granted so far, operator cpu)
         deadline = time.monotonic() + max(300, tasks / 5)
@@ -497,9 +697,10 @@ async def dispatch(
             spy.send_signal(signal.SIGINT)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spy.wait(timeout=30)
-        # Count the writes once the drain's last ones (Events are written off the decision
-        # path) have landed: when the operator's write counters stop moving.
-        writes1 = await quiet_writes(env.api)
+        # Events yield to decisions: they are written when the drain is over. Count the
+        # writes once the operator's queue of Events is empty and its writes have stopped.
+        events_lag = await events_written(operator, since=times_last(granted))
+        writes1 = await quiet_writes(env.api, limit=120.0)
         cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in env.pids.items()}
         done = len(granted)
         times = sorted(granted.values())
@@ -533,6 +734,8 @@ async def dispatch(
             "operator_rss_mb": rss_now,
             "operator_rss_peak_mb": rss_peak,
             "fleet_lease_puts": fleet_puts,
+            "events_lag_s": events_lag,
+            "registration_writes_per_worker": registration_writes / max(1, workers),
         }
         if spy is not None:
             with contextlib.suppress(OSError, ValueError):
@@ -547,6 +750,27 @@ async def dispatch(
         if fleet is not None:
             stop(fleet)
         await drop_namespace(env, ns)
+
+
+def times_last(granted: dict[str, float]) -> float:
+    return max(granted.values(), default=time.monotonic())
+
+
+async def events_written(operator: Operator, *, since: float, limit: float = 300.0) -> float:
+    """Seconds from ``since`` (the last grant) until the operator's queue of Events is
+    empty (NaN for an operator without ``agentq_events_queued``)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            queued = scrape(operator.metrics_port).get("agentq_events_queued")
+        except OSError:
+            return math.nan
+        if queued is None:
+            return math.nan
+        if queued == 0:
+            return max(0.0, time.monotonic() - since)
+        await asyncio.sleep(0.25)
+    return math.nan
 
 
 async def quiet_writes(api: Api, *, limit: float = 20.0) -> collections.Counter[tuple[str, str]]:
@@ -570,35 +794,16 @@ async def quiet_writes(api: Api, *, limit: float = 20.0) -> collections.Counter[
 async def watch_grants(
     env: Env, ns: str, granted: dict[str, float], connected: asyncio.Event
 ) -> None:
-    """Record when each task of ``ns`` is first seen with a worker (resuming the watch
-    from the last version seen if the connection drops)."""
+    """Record when each task of ``ns`` is first seen with a worker."""
     _, listed = await env.api.request("GET", TASKS.format(ns=ns) + "?limit=1")
-    rv = listed["metadata"]["resourceVersion"]
-    while True:
-        path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
-        try:
-            async with env.api.session.get(
-                env.api.connection.server + path,
-                headers=env.api.connection.headers(),
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-            ) as rsp:
-                connected.set()
-                buffer = b""
-                async for chunk in rsp.content.iter_any():
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if not line.strip():
-                            continue
-                        event = json.loads(line)
-                        obj = event.get("object") or {}
-                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
-                        name = (obj.get("metadata") or {}).get("name")
-                        if (obj.get("status") or {}).get("worker") and name not in granted:
-                            granted[name] = time.monotonic()
-        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-            print(f"grants watch: {type(err).__name__}: {err}; resuming", flush=True)
-            await asyncio.sleep(0.2)
+
+    def seen(obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if (obj.get("status") or {}).get("worker") and name not in granted:
+            granted[name] = time.monotonic()
+
+    connected.set()
+    await watch_tasks(env, ns, listed["metadata"]["resourceVersion"], seen)
 
 
 async def renewal_cost(
@@ -639,12 +844,13 @@ async def renewal_cost(
         await asyncio.sleep(0.2)
     # The first round's transitions (Running) are written before renewals are measured.
     while time.monotonic() < deadline:
-        _, listed = await env.api.request("GET", TASKS.format(ns=ns))
-        if all((t.get("status") or {}).get("phase") == "Running" for t in listed["items"]):
+        items, _ = await env.api.list_all(TASKS.format(ns=ns))
+        if all((t.get("status") or {}).get("phase") == "Running" for t in items):
             break
         await asyncio.sleep(1)
-    await asyncio.sleep(3)
-    writes0 = await apiserver_writes(env.api)
+    # Counted from when the previous phase's writes (the Running transitions, their
+    # Events, written off the decision path) have stopped.
+    writes0 = await quiet_writes(env.api, limit=60.0)
     c0, t0 = cpu_seconds(operator.pid), time.monotonic()
     measured_from = len(rounds())
     while len(rounds()) < measured_from + 1 and time.monotonic() < deadline:
@@ -666,7 +872,9 @@ async def renewal_cost(
     }
 
 
-async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -> Result:
+async def reclaim(
+    env: Env, variant: Variant, held: int = 500, lease: int = 5, *, profile: bool = False
+) -> Result:
     name = f"reclaim {held} [{variant.name}]"
     print(f"== {name}", flush=True)
     install_crds(env, variant)
@@ -694,10 +902,8 @@ async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -
         # Wait until every task is Running (its holder renewed it at least once).
         deadline = time.monotonic() + 300
         while True:
-            _, listed = await env.api.request("GET", TASKS.format(ns=ns))
-            phases = collections.Counter(
-                (t.get("status") or {}).get("phase") for t in listed["items"]
-            )
+            items, version = await env.api.list_all(TASKS.format(ns=ns))
+            phases = collections.Counter((t.get("status") or {}).get("phase") for t in items)
             if phases.get("Running", 0) == held:
                 break
             if time.monotonic() > deadline:
@@ -705,7 +911,7 @@ async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -
             await asyncio.sleep(1)
         await asyncio.sleep(2)
         reclaimed: dict[str, float] = {}
-        watch = asyncio.create_task(watch_reclaims(env, ns, listed, reclaimed))
+        watch = asyncio.create_task(watch_reclaims(env, ns, version, reclaimed))
         await asyncio.sleep(0.5)
 
         def rounds() -> int:
@@ -719,12 +925,38 @@ async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -
         os.kill(fleet.pid, signal.SIGKILL)
         fleet.wait()
         killed = time.monotonic()
+        requests0 = await apiserver_writes(env.api, verbs=None)
+        cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        cpu0["operator"] = cpu_seconds(operator.pid)
+        spy = None
+        if profile:
+            OUT.mkdir(exist_ok=True)
+            spy_out = OUT / safe(f"profile-reclaim-{variant.name}.txt")
+            spy = py_spy(operator.pid, spy_out, seconds=lease + 30)
         last = json.loads(renew_log.read_text())
         while len(reclaimed) < held and time.monotonic() - killed < lease + 60:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.05)
+        storm = time.monotonic() - killed
+        cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in env.pids.items()}
+        cpu["operator"] = cpu_seconds(operator.pid) - cpu0["operator"]
+        requests = await apiserver_writes(env.api, verbs=None) - requests0
         watch.cancel()
+        print("   requests from the kill to the last reclaim:", flush=True)
+        for (resource, verb), n in sorted(requests.items(), key=lambda kv: -kv[1]):
+            print(f"   {n:6d}  {verb} {resource}", flush=True)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(timeout=30)
+            for label, share in top_of_profile(spy_out):
+                print(f"   {share:5.1f}%  {label}", flush=True)
         latencies = sorted(
             reclaimed[t] - last[f"agentq-task-{t}"] for t in reclaimed if f"agentq-task-{t}" in last
+        )
+        # The raw times (monotonic, comparable with an operator's own) for a closer look.
+        OUT.mkdir(exist_ok=True)
+        (OUT / safe(f"reclaim-{variant.name}.json")).write_text(
+            json.dumps({"killed": killed, "last_renewal": last, "reclaimed_seen": reclaimed})
         )
 
         def pct(p: float) -> float:
@@ -739,6 +971,11 @@ async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -
                 "p50_s": pct(0.5) if latencies else math.nan,
                 "p99_s": pct(0.99) if latencies else math.nan,
                 "max_s": latencies[-1] if latencies else math.nan,
+                "renewal_spread_s": max(last.values()) - min(last.values()) if last else math.nan,
+                # CPU seconds from the kill until the last reclaim was seen, per process
+                # (the expiries come ``lease`` seconds after the kill: the rest is the storm).
+                "storm_s": storm,
+                "cpu_s": {k: round(v, 2) for k, v in cpu.items()},
             },
         )
     finally:
@@ -749,23 +986,44 @@ async def reclaim(env: Env, variant: Variant, held: int = 500, lease: int = 5) -
         await drop_namespace(env, ns)
 
 
-async def watch_reclaims(
-    env: Env, ns: str, listed: dict[str, Any], reclaimed: dict[str, float]
-) -> None:
-    rv = listed["metadata"]["resourceVersion"]
-    path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}"
-    async with env.api.session.get(
-        env.api.connection.server + path,
-        headers=env.api.connection.headers(),
-        timeout=aiohttp.ClientTimeout(total=None),
-    ) as rsp:
-        async for line in rsp.content:
-            event = json.loads(line)
-            obj = event.get("object") or {}
-            status = obj.get("status") or {}
-            name = obj.get("metadata", {}).get("name")
-            if (status.get("reclaims") or 0) >= 1 and name not in reclaimed:
-                reclaimed[name] = time.monotonic()
+async def watch_reclaims(env: Env, ns: str, rv: str, reclaimed: dict[str, float]) -> None:
+    """Record when each task of ``ns`` is first seen reclaimed (resuming on a drop)."""
+
+    def seen(obj: dict[str, Any]) -> None:
+        status = obj.get("status") or {}
+        name = obj.get("metadata", {}).get("name")
+        if (status.get("reclaims") or 0) >= 1 and name not in reclaimed:
+            reclaimed[name] = time.monotonic()
+
+    await watch_tasks(env, ns, rv, seen)
+
+
+async def watch_tasks(env: Env, ns: str, rv: str, seen: Any) -> None:
+    """Call ``seen(object)`` for every change of a task of ``ns`` after ``rv``; a dropped
+    connection or a line cut short resumes from the last version seen."""
+    while True:
+        path = TASKS.format(ns=ns) + f"?watch=1&resourceVersion={rv}&allowWatchBookmarks=true"
+        try:
+            async with env.api.session.get(
+                env.api.connection.server + path,
+                headers=env.api.connection.headers(),
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
+            ) as rsp:
+                buffer = b""
+                async for chunk in rsp.content.iter_any():
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            seen(obj)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as err:
+            print(f"tasks watch: {type(err).__name__}: {err}; resuming", flush=True)
+            await asyncio.sleep(0.2)
 
 
 # -- report ------------------------------------------------------------------------------
@@ -789,10 +1047,11 @@ def render(results: list[Result], command: str, started: float) -> str:
         "",
         "Embedded control plane (etcd, kube-apiserver) on this machine, operator as a",
         "process, the agent fleet as one process (`bench/load_fleet.py`) renewing",
-        "every worker Lease each 5 s. A backlog of pending tasks is created first,",
-        "then the operator is started; throughput is timed from its first grant to its",
-        "last. All figures of one run; the machine is shared, so compare the rows",
-        "with each other rather than with another run.",
+        "every worker Lease each 5 s. The fleet is registered first (an operator runs",
+        "until every worker shows Ready, then stops), then a backlog of pending tasks",
+        "is created and the operator started on it; throughput is timed from its first",
+        "grant to its last. All figures of one run; the machine is shared, so compare",
+        "the rows with each other rather than with another run.",
         "",
     ]
     if raw is not None:
@@ -804,14 +1063,29 @@ def render(results: list[Result], command: str, started: float) -> str:
             f"{fmt(f['etcd_cpu_ms_per_write'], 2)} ms CPU per write).",
             "",
         ]
+    grants = next((r for r in results if r.name == "raw-grants"), None)
+    if grants is not None:
+        f = grants.figures
+        lines += [
+            "Raw grant rate (a plain client making each grant's writes -- status CAS, Lease "
+            f"create, Event -- in sequence, 32 tasks at a time, no operator): "
+            f"**{fmt(f['grants_per_s'], 0)} grants/s** (API server "
+            f"{fmt(f['apiserver_cpu_ms_per_grant'], 2)} ms and etcd "
+            f"{fmt(f['etcd_cpu_ms_per_grant'], 2)} ms CPU per grant). The status CAS alone "
+            f"(a reclaim's one write), same client: **{fmt(f['status_patches_per_s'], 0)} "
+            f"patches/s** (API server {fmt(f['apiserver_cpu_ms_per_status_patch'], 2)} ms "
+            "CPU each).",
+            "",
+        ]
     dispatches = [r for r in results if r.name.startswith("dispatch")]
     if dispatches:
         lines += [
-            "| scenario | tasks/s | longest stall (s) | API writes / dispatch "
+            "| scenario | tasks/s | longest stall (s) | Events done after the last grant (s) "
+            "| API writes / dispatch "
             "| operator CPU ms / dispatch | API server CPU ms / dispatch "
             "| etcd CPU ms / dispatch | operator RSS MB (peak) "
-            "| ceiling: raw rate / writes | tasks/s vs ceiling |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+            "| ceiling: raw rate / writes | tasks/s vs ceiling | tasks/s vs raw grant rate |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for r in dispatches:
             f = r.figures
@@ -825,6 +1099,7 @@ def render(results: list[Result], command: str, started: float) -> str:
                 r.name,
                 fmt(f["tasks_per_s"]),
                 fmt(f["max_gap_s"]),
+                fmt(f.get("events_lag_s", math.nan)),
                 fmt(f["writes_per_dispatch"], 2),
                 fmt(f["operator_cpu_ms_per_dispatch"], 2),
                 fmt(f["apiserver_cpu_ms_per_dispatch"], 2),
@@ -832,15 +1107,27 @@ def render(results: list[Result], command: str, started: float) -> str:
                 f"{fmt(f['operator_rss_mb'], 0)} ({fmt(f['operator_rss_peak_mb'], 0)})",
                 fmt(ceiling),
                 f"{share} %",
+                f"{fmt(100 * f['tasks_per_s'] / grants.figures['grants_per_s'], 0)} %"
+                if grants is not None
+                else "-",
             ]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "API writes per dispatch, by resource and verb:", ""]
+        lines += [
+            "",
+            "API writes per dispatch, by resource and verb (the drain of a registered fleet:",
+            "each new worker's first status write, Ready, is made before the backlog and",
+            "listed apart as writes per worker):",
+            "",
+        ]
         keys = sorted({k for r in dispatches for k in r.writes})
-        lines.append("| scenario | " + " | ".join(keys) + " |")
-        lines.append("|---|" + "--:|" * len(keys))
+        lines.append("| scenario | " + " | ".join(keys) + " | registration / worker |")
+        lines.append("|---|" + "--:|" * (len(keys) + 1))
         for r in dispatches:
+            registration = r.figures.get("registration_writes_per_worker", math.nan)
             lines.append(
-                f"| {r.name} | " + " | ".join(fmt(r.writes.get(k, 0.0), 3) for k in keys) + " |"
+                f"| {r.name} | "
+                + " | ".join(fmt(r.writes.get(k, 0.0), 3) for k in keys)
+                + f" | {fmt(registration, 2)} |"
             )
         renewal_rows = [r for r in dispatches if "renewals" in r.figures]
         if renewal_rows:
@@ -867,14 +1154,23 @@ def render(results: list[Result], command: str, started: float) -> str:
             "Reclaim latency: held tasks whose holder (the fleet process) is SIGKILLed, from",
             "each Lease's last renewal to the status write that reclaims it:",
             "",
-            "| scenario | lease (s) | reclaimed | p50 (s) | p99 (s) | max (s) |",
-            "|---|--:|--:|--:|--:|--:|",
+            "| scenario | lease (s) | reclaimed | p50 (s) | p99 (s) | max (s) "
+            "| last renewals spread over (s) | the status CASes alone at the raw rate (s) "
+            "| CPU s from the kill to the last reclaim: operator / API server / etcd |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
         ]
         for r in reclaims:
             f = r.figures
+            floor = (
+                f["held"] / grants.figures["status_patches_per_s"]
+                if grants is not None and grants.figures.get("status_patches_per_s")
+                else math.nan
+            )
             lines.append(
                 f"| {r.name} | {f['lease_s']} | {f['reclaimed']} / {f['held']} | "
-                f"{fmt(f['p50_s'], 2)} | {fmt(f['p99_s'], 2)} | {fmt(f['max_s'], 2)} |"
+                f"{fmt(f['p50_s'], 2)} | {fmt(f['p99_s'], 2)} | {fmt(f['max_s'], 2)} | "
+                f"{fmt(f.get('renewal_spread_s', math.nan), 2)} | {fmt(floor, 2)} | "
+                f"{storm_cpu(f)} |"
             )
     profiles = [r for r in dispatches if r.figures.get("profile")]
     for r in profiles:
@@ -908,14 +1204,7 @@ def render(results: list[Result], command: str, started: float) -> str:
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    if SECTION_START in text:
-        head, _, rest = text.partition(SECTION_START)
-        _, _, tail = rest.partition(SECTION_END)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
+    docsection.write_section(DOCS, SECTION_START, SECTION_END, section)
 
 
 async def run(args: argparse.Namespace) -> list[Result]:
@@ -930,27 +1219,37 @@ async def run(args: argparse.Namespace) -> list[Result]:
         install_crds(env)
         results.append(await raw_write_rate(env))
         print(results[-1], flush=True)
+        results.append(await raw_grant_rate(env))
+        print(results[-1], flush=True)
         scenarios = [(1000, 50)] if args.quick else [(1000, 50), (10000, 1000)]
         if args.only_reclaim:
             scenarios = []
         for tasks, workers in scenarios:
-            for variant in variants:
-                if tasks > 1000 and variant.name not in args.large_variants.split(","):
-                    continue
-                results.append(
-                    await dispatch(
+            # Variants interleaved, ``--repeat`` times: on a shared machine the load moves
+            # during a run, and interleaving spreads that over every variant alike.
+            for round_ in range(args.repeat):
+                for variant in variants:
+                    if tasks > 1000 and variant.name not in args.large_variants.split(","):
+                        continue
+                    result = await dispatch(
                         env,
                         variant,
                         tasks,
                         workers,
-                        profile=args.profile and tasks == 1000,
-                        renewals=tasks > 1000 or args.quick,
+                        profile=args.profile and tasks == 1000 and round_ == 0,
+                        renewals=not args.no_renewals and (tasks > 1000 or args.quick),
                     )
-                )
-                print(json.dumps(results[-1].figures, default=str), flush=True)
+                    if args.repeat > 1:
+                        result.name += f" #{round_ + 1}"
+                    results.append(result)
+                    print(json.dumps(results[-1].figures, default=str), flush=True)
         for variant in variants:
             if variant.name in args.reclaim_variants.split(","):
-                results.append(await reclaim(env, variant, held=100 if args.quick else 500))
+                results.append(
+                    await reclaim(
+                        env, variant, held=100 if args.quick else 500, profile=args.profile
+                    )
+                )
                 print(results[-1], flush=True)
     finally:
         await api.close()
@@ -974,6 +1273,8 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     parser.add_argument("--only-reclaim", action="store_true", help="the reclaim scenario only")
+    parser.add_argument("--repeat", type=int, default=1, help="run the dispatch variants N times")
+    parser.add_argument("--no-renewals", action="store_true", help="skip the renewal-cost phase")
     args = parser.parse_args()
     started = time.monotonic()
     results = asyncio.run(run(args))

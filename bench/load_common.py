@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -47,8 +48,9 @@ class Api:
         if body is not None:
             data = json.dumps(body)
             headers["Content-Type"] = content_type
-        # A loaded API server sometimes cuts a large answer short: reads are retried.
-        for attempt in range(5):
+        # A loaded API server sometimes cuts a large answer short (a payload error, a
+        # dropped connection, or a body that ends mid-document): reads are retried.
+        for attempt in range(8):
             try:
                 async with self.session.request(
                     method, self.connection.server + path, data=data, headers=headers
@@ -57,11 +59,47 @@ class Api:
                     if rsp.status not in ok:
                         return rsp.status, text
                     return rsp.status, json.loads(text) if text else None
-            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-                if method != "GET" or attempt == 4:
+            except (
+                aiohttp.ClientPayloadError,
+                aiohttp.ServerDisconnectedError,
+                aiohttp.ClientOSError,
+                TimeoutError,
+                ValueError,  # a truncated document
+            ):
+                if method != "GET" or attempt == 7:
                     raise
                 await asyncio.sleep(0.5 * (attempt + 1))
         raise AssertionError("unreachable")
+
+    async def list_all(self, path: str, *, page: int = 500) -> tuple[list[dict[str, Any]], str]:
+        """Every item of a collection, in pages of ``page`` (a 10,000-item answer in one
+        piece is what a loaded API server cuts short), and the list's resourceVersion.
+        ``path`` may carry a query (``?labelSelector=...``)."""
+        items: list[dict[str, Any]] = []
+        version = ""
+        cont = ""
+        joiner = "&" if "?" in path else "?"
+        busy = 0
+        while True:
+            query = f"limit={page}" + (f"&continue={urllib.parse.quote(cont)}" if cont else "")
+            status, listed = await self.request("GET", f"{path}{joiner}{query}", ok=(200,))
+            if status == 410:  # the continue token expired: start over
+                items, version, cont = [], "", ""
+                continue
+            if status in (429, 504) and busy < 30:
+                # 504 "Too large resource version": the watch cache is behind the page's
+                # resourceVersion on a loaded API server; it says to retry after a second.
+                busy += 1
+                await asyncio.sleep(1.0)
+                continue
+            if status != 200 or not isinstance(listed, dict):
+                raise RuntimeError(f"LIST {path}: HTTP {status}: {str(listed)[:300]}")
+            meta = listed.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            items.extend(listed.get("items") or [])
+            cont = str(meta.get("continue") or "")
+            if not cont:
+                return items, version
 
     async def text(self, path: str) -> str:
         async with self.session.get(

@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import aiohttp
 from load_common import LEASES, Api, bounded
 
 from agentq import protocol
@@ -89,13 +90,16 @@ async def renew(api: Api, ns: str, leases: dict[str, dict[str, Any]], name: str)
     lease = leases[name]
     lease["spec"]["renewTime"] = now()
     path = LEASES.format(ns=ns) + "/" + lease["metadata"]["name"]
-    status, got = await api.request("PUT", path, lease)
-    if status == 200:
-        leases[name] = got
-    elif status == 409:
-        status, got = await api.request("GET", path)
+    try:
+        status, got = await api.request("PUT", path, lease)
         if status == 200:
             leases[name] = got
+        elif status == 409:
+            status, got = await api.request("GET", path)
+            if status == 200:
+                leases[name] = got
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        pass  # renewed again in the next interval, as a sidecar would
 
 
 async def hold_tasks(api: Api, ns: str, args: argparse.Namespace) -> None:
@@ -105,10 +109,12 @@ async def hold_tasks(api: Api, ns: str, args: argparse.Namespace) -> None:
     selector = f"{protocol.LABEL_LEASE_KIND}=task"
     while True:
         started = time.monotonic()
-        status, listed = await api.request(
-            "GET", LEASES.format(ns=ns) + f"?labelSelector={selector}"
-        )
-        items: list[dict[str, Any]] = listed["items"] if status == 200 else []
+        try:
+            items, _ = await api.list_all(LEASES.format(ns=ns) + f"?labelSelector={selector}")
+        except (RuntimeError, aiohttp.ClientError, TimeoutError, ValueError) as err:
+            say(error=f"list of task Leases failed: {err}")
+            await asyncio.sleep(1)
+            continue
         if args.progress:
             marker = f"step-{rounds}"
         for item in items:
@@ -123,7 +129,10 @@ async def hold_tasks(api: Api, ns: str, args: argparse.Namespace) -> None:
         async def put(
             path: str, item: dict[str, Any], renewed_at: dict[str, float] = renewed_at
         ) -> None:
-            status, _ = await api.request("PUT", path, item)
+            try:
+                status, _ = await api.request("PUT", path, item)
+            except (aiohttp.ClientError, TimeoutError):
+                return  # not renewed this round; the next round tries again
             if status == 200:
                 renewed_at[item["metadata"]["name"]] = time.monotonic()
 

@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import docsection
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -453,14 +454,7 @@ def render(r: dict[str, Any], args: argparse.Namespace, command: str, seconds: f
 
 
 def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if BEGIN in text and END in text:
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    docsection.write_section(path, BEGIN, END, section)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,288 @@
+"""agentq on the faults the Celery figures of docs/comparison.md were measured with.
+
+Runs each scenario on a real API server with the real operator and agent processes
+(the demo's machinery, ``agentq.demo.Demo``), leases of 10 s to match Celery's 10 s
+visibility timeout, and prints one line per figure (``--json`` for the raw numbers)::
+
+    agentq cluster up && .venv/bin/python bench/vs_celery.py --kubeconfig "$KUBECONFIG"
+
+1. killed worker: SIGKILL the agent holding a task; seconds until another worker holds it
+2. frozen worker: SIGSTOP the holder past its lease, let another worker finish, SIGCONT;
+   how many completions the task records (the zombie's must not count)
+3. long task: 30 s of work under a 10 s lease; attempts
+4. poison task: an agent that fails every attempt; attempts, and where it ends
+5. tenants: 900 tasks of tenant A, then 100 of tenant B, one shared pool; B's share of
+   the first 100 completions
+6. throughput: no-op tasks completed per second
+
+The machine is shared and small: figures are for this run, with the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from agentq.demo import Demo
+from agentq.ops.render import console
+
+LEASE = 10
+
+
+def _phase(task: dict[str, Any]) -> str:
+    return str((task.get("status") or {}).get("phase") or "Pending")
+
+
+def _wait(what: str, done: Callable[[], bool], timeout: float) -> float:
+    started = time.monotonic()
+    while not done():
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+class Scenario:
+    def __init__(self, kubeconfig: str, workdir: Path, name: str) -> None:
+        self.demo = Demo(
+            kubeconfig=kubeconfig,
+            namespace=f"vs-{name}-{uuid.uuid4().hex[:6]}",
+            workdir=workdir / name,
+            live=False,
+            keep=False,
+            out=console(),
+        )
+        self.demo.workdir.mkdir(parents=True, exist_ok=True)
+        self.demo.fresh_namespace()
+
+    def task(self, name: str) -> dict[str, Any]:
+        return self.demo.cluster.task(name)
+
+    def close(self) -> None:
+        self.demo.stop()
+        self.demo.core.delete_namespace(self.demo.namespace)
+
+
+def _killed_once(kubeconfig: str, workdir: Path, run: int) -> float:
+    s = Scenario(kubeconfig, workdir, f"kill{run}")
+    try:
+        d = s.demo
+        d.worker("a", ["llm"], 1, 1)
+        d.worker("b", ["llm"], 1, 1)
+        d.start_agent("a", "hold")
+        d.start_operator("--reconcile-interval", "2")
+        d.task("job", 1, ["llm"], leaseDurationSeconds=LEASE, retryBackoff={"initialSeconds": 0})
+        _wait("running on a", lambda: _phase(s.task("job")) == "Running", 60)
+        d.start_agent("b", "complete", work_seconds=0.5)
+        _wait(
+            "b ready",
+            lambda: (d.cluster.worker("b").get("status") or {}).get("phase") == "Ready",
+            30,
+        )
+        d.kill_agent("a")
+        return _wait(
+            "re-dispatched to b",
+            lambda: (s.task("job").get("status") or {}).get("worker") == "b",
+            LEASE * 4,
+        )
+    finally:
+        s.close()
+
+
+def killed_worker(kubeconfig: str, workdir: Path, runs: int) -> dict[str, Any]:
+    delays = [_killed_once(kubeconfig, workdir, run) for run in range(runs)]
+    return {
+        "runs": runs,
+        "p50_seconds": round(statistics.median(delays), 1),
+        "max_seconds": round(max(delays), 1),
+    }
+
+
+def _frozen_once(kubeconfig: str, workdir: Path, run: int) -> int:
+    """How many completions the task records after a zombie woke up (1 is right)."""
+    s = Scenario(kubeconfig, workdir, f"freeze{run}")
+    try:
+        d = s.demo
+        d.worker("a", ["llm"], 1, 1)
+        d.worker("b", ["llm"], 1, 1)
+        d.start_agent("a", "complete", work_seconds=LEASE + 8)
+        d.start_operator("--reconcile-interval", "2")
+        d.task("job", 1, ["llm"], leaseDurationSeconds=LEASE, retryBackoff={"initialSeconds": 0})
+        _wait("running on a", lambda: _phase(s.task("job")) == "Running", 60)
+        frozen = d.agents["a"]  # the whole pod: the agent and its sidecar
+        for proc in frozen:
+            os.kill(proc.pid, signal.SIGSTOP)
+        d.start_agent("b", "complete", work_seconds=0.5)
+        _wait("done by b", lambda: _phase(s.task("job")) == "Succeeded", LEASE * 4)
+        for proc in frozen:
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(LEASE)  # the zombie wakes, finishes its work and tries to report
+        history = s.task("job")["status"].get("history") or []
+        return sum(1 for h in history if h.get("outcome") == "Succeeded")
+    finally:
+        s.close()
+
+
+def frozen_worker(kubeconfig: str, workdir: Path, runs: int) -> dict[str, Any]:
+    counts = [_frozen_once(kubeconfig, workdir, run) for run in range(runs)]
+    return {"runs": runs, "completed_twice": sum(1 for c in counts if c != 1)}
+
+
+def long_task(kubeconfig: str, workdir: Path) -> dict[str, Any]:
+    s = Scenario(kubeconfig, workdir, "long")
+    try:
+        d = s.demo
+        d.worker("a", ["llm"], 1, 1)
+        d.start_agent("a", "complete", work_seconds=3 * LEASE)
+        d.start_operator()
+        d.task("job", 1, ["llm"], leaseDurationSeconds=LEASE)
+        took = _wait("done", lambda: _phase(s.task("job")) == "Succeeded", 10 * LEASE)
+        return {"work_seconds": 3 * LEASE, "attempts": s.task("job")["status"]["attempt"],
+                "seconds": round(took, 1)}  # fmt: skip
+    finally:
+        s.close()
+
+
+def poison(kubeconfig: str, workdir: Path) -> dict[str, Any]:
+    s = Scenario(kubeconfig, workdir, "poison")
+    try:
+        d = s.demo
+        d.worker("a", ["llm"], 1, 1)
+        d.start_agent("a", "fail", work_seconds=0.2)
+        d.start_operator()  # MAX_RECLAIMS 3 and the default retry backoff (1 s, doubling)
+        d.task("job", 1, ["llm"], leaseDurationSeconds=LEASE)
+        took = _wait("dead-lettered", lambda: _phase(s.task("job")) == "DeadLettered", 120)
+        time.sleep(5)
+        status = s.task("job")["status"]
+        return {"attempts": status["attempt"], "phase": status["phase"], "seconds": round(took, 1)}
+    finally:
+        s.close()
+
+
+def tenants(kubeconfig: str, workdir: Path, first: int = 900, second: int = 100) -> dict[str, Any]:
+    s = Scenario(kubeconfig, workdir, "tenants")
+    try:
+        d = s.demo
+        for i in range(4):
+            d.worker(f"w{i}", ["llm"], 1, 25)
+            d.start_agent(f"w{i}", "complete", work_seconds=0.1)
+        d.start_operator()
+        for i in range(first):
+            d.task(f"a-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE)
+        for i in range(second):
+            d.task(f"b-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE)
+        _wait(
+            "all done",
+            lambda: all(_phase(t) == "Succeeded" for t in d.cluster.tasks(d.namespace)),
+            1800,
+        )
+        done = sorted(
+            d.cluster.tasks(d.namespace),
+            key=lambda t: (t["status"]["finishedAt"], t["metadata"]["name"]),
+        )
+        first_done = done[:second]
+        return {
+            "tenant_b_of_first_completions": sum(
+                1 for t in first_done if t["metadata"]["name"].startswith("b-")
+            ),
+            "first_completions": second,
+        }
+    finally:
+        s.close()
+
+
+def throughput(kubeconfig: str, workdir: Path, count: int = 400) -> dict[str, Any]:
+    s = Scenario(kubeconfig, workdir, "throughput")
+    try:
+        d = s.demo
+        for i in range(4):
+            d.worker(f"w{i}", ["llm"], 1, 8)
+            d.start_agent(f"w{i}", "complete", work_seconds=0)
+        d.start_operator()
+        _wait(
+            "workers ready",
+            lambda: all(
+                (w.get("status") or {}).get("phase") == "Ready"
+                for w in d.cluster.workers(d.namespace)
+            ),
+            60,
+        )
+        started = time.monotonic()
+        # Eight clients create the tasks at once, so the figure is the queue's, not one
+        # client's round trips.
+        with ThreadPoolExecutor(8) as pool:
+            list(
+                pool.map(
+                    lambda i: d.task(f"t-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE),
+                    range(count),
+                )
+            )
+        submitted = time.monotonic() - started
+        took = _wait(
+            "all ended",
+            lambda: all(
+                _phase(t) in ("Succeeded", "Failed", "DeadLettered")
+                for t in d.cluster.tasks(d.namespace)
+            ),
+            1800,
+        )
+        total = time.monotonic() - started
+        tasks = d.cluster.tasks(d.namespace)
+        return {
+            "tasks": count,
+            "succeeded": sum(1 for t in tasks if _phase(t) == "Succeeded"),
+            "reclaims": sum(int(t["status"].get("reclaims") or 0) for t in tasks),
+            "seconds": round(total, 1),
+            "tasks_per_second": round(count / total, 1),
+            "submit_seconds": round(submitted, 1),
+            "after_submit_seconds": round(took, 1),
+        }
+    finally:
+        s.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), required=False)
+    parser.add_argument("--runs", type=int, default=5, help="runs of the kill and freeze cases")
+    parser.add_argument("--only", nargs="*", help="scenario names to run")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not args.kubeconfig:
+        sys.exit('no kubeconfig: agentq cluster up && eval "$(agentq cluster env)"')
+    workdir = Path(tempfile.mkdtemp(prefix="agentq-vs-celery-"))
+    demo = Demo(kubeconfig=args.kubeconfig, namespace="default", workdir=workdir,
+                live=False, keep=False, out=console())  # fmt: skip
+    demo.install_crds()
+    scenarios: dict[str, Callable[[], dict[str, Any]]] = {
+        "killed_worker": lambda: killed_worker(args.kubeconfig, workdir, args.runs),
+        "frozen_worker": lambda: frozen_worker(args.kubeconfig, workdir, max(args.runs, 7)),
+        "long_task": lambda: long_task(args.kubeconfig, workdir),
+        "poison": lambda: poison(args.kubeconfig, workdir),
+        "tenants": lambda: tenants(args.kubeconfig, workdir),
+        "throughput": lambda: throughput(args.kubeconfig, workdir),
+    }
+    results = {}
+    for name, run in scenarios.items():
+        if args.only and name not in args.only:
+            continue
+        results[name] = run()
+        if not args.json:
+            print(f"{name}: {json.dumps(results[name])}", flush=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
