@@ -7,11 +7,12 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test bench bench-load demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test chaos bench bench-load demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
 	@echo "make demo     run agentq on the embedded control plane"
+	@echo "make chaos    the seeded 1,000-task chaos run (writes docs/reliability.md); SEED=n"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make bench-load  the operator under load on the embedded control plane (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
@@ -100,6 +101,12 @@ integration: venv system-deps controlplane
 test: venv system-deps controlplane check
 	$(BIN)/pytest -m "not node"
 
+# The seeded chaos run on its own embedded control plane (tests/chaos): 1,000 tasks,
+# faults of every kind; writes its figures into docs/reliability.md.
+SEED ?= 1
+chaos: venv system-deps controlplane
+	PYTHONPATH=tests $(BIN)/python -m chaos --seed $(SEED) --write-doc
+
 bench: venv
 	$(BIN)/python bench/scheduler_bench.py
 
@@ -111,10 +118,27 @@ bench-load: venv controlplane
 	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --write-docs $(BENCH_LOAD_ARGS)
 
 demo: venv controlplane
-	$(BIN)/python -m agentq.demo
+	$(BIN)/python -m agentq.demo $(DEMO_FLAGS)
 
+# DEMO_FLAGS for make demo: --keep (leave it running to look around), --no-live, --tasks N.
+# demo-down stops what `make demo DEMO_FLAGS=--keep` left running, then the control plane.
 demo-down: venv
-	$(BIN)/agentq cluster down
+	$(BIN)/python -m agentq.demo --down
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Prometheus and promtool (Debian's package): tests/integration/test_monitoring.py runs
+# them for real. A prerequisite of system-deps, so `make test` installs them when missing
+# and we may (root with apt-get); without them those tests fail and say why.
+system-deps: monitoring-deps
+monitoring-deps:
+	@if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing prometheus (Debian package)"; \
+	    (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 || \
+	     (apt-get update -qq >/dev/null 2>&1 && \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1)) || \
+	    echo "warning: could not install prometheus; the monitoring tests will fail"; \
+	  else echo "note: prometheus not installed; the monitoring tests will fail"; fi; \
+	fi
