@@ -65,6 +65,9 @@ def test_agents_behind_sidecars_complete_tasks_with_one_sink_row_each(
         fleet.add_worker(worker(name).capabilities("llm").max_in_flight(3))
         fleet.agent(name, "complete", sink=sink, work_seconds=0.3)
     fleet.operator()
+    # Both Ready before the tasks come: else a slow sidecar start (a loaded machine) lets
+    # the first worker finish all eight and the last assertion reads a false unfairness.
+    wait_ready(fleet, "a", "b")
     names = [f"t{i}" for i in range(8)]
     for i, name in enumerate(names):
         fleet.add_task(task(name).requires("llm").payload({"n": i}))
