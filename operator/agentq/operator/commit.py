@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from agentq import claims, lifecycle, protocol, views
 from agentq.claims import Decision, LeaseOp
 from agentq.clock import micro_rfc3339
-from agentq.models import TASK_PLURAL, TaskPhase
+from agentq.models import TaskPhase
 from agentq.operator import metrics
 from agentq.operator.cache import TIMER_TASK
 from agentq.operator.events import Involved
@@ -154,14 +154,7 @@ class Committer:
         """Write ``transition`` with a CAS on the task; record its events and metrics."""
         c = self.c
         key = task.key
-        reply = await c.call(
-            c.kube.patch_status,
-            TASK_PLURAL,
-            task.namespace,
-            task.name,
-            task.resource_version,
-            transition.patch,
-        )
+        reply = await c.write_task_status(task, transition.patch)
         if reply.status is Status.INVALID:
             await self.refused_for_good(task, transition, reply.message)
             return False
@@ -220,14 +213,7 @@ class Committer:
                 now=now,
             )
         if fallback is not None:
-            reply = await c.call(
-                c.kube.patch_status,
-                TASK_PLURAL,
-                task.namespace,
-                task.name,
-                task.resource_version,
-                fallback.patch,
-            )
+            reply = await c.write_task_status(task, fallback.patch)
             if reply.ok and reply.body is not None:
                 c.observe_task(reply.body)
                 self.record(c.tasks.get(key, task), fallback)

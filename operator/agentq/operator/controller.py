@@ -803,6 +803,17 @@ class Controller:
                 raise NotLeading(f"{what}: not sent, not leading")
             yield
 
+    async def write_task_status(self, task: TaskView, patch: Body) -> Reply:
+        """A decision's status write: a CAS on the resourceVersion it was decided on."""
+        return await self.call(
+            self.kube.patch_status,
+            TASK_PLURAL,
+            task.namespace,
+            task.name,
+            task.resource_version,
+            patch,
+        )
+
     async def call_low(self, method: Callable[..., Awaitable[Reply]], *args: Any) -> Reply:
         """One API call nothing waits on: only while no decision waits for a slot."""
         async with self.slots.low():

@@ -23,7 +23,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from agentq import claims, lifecycle, protocol
-from agentq.models import TASK_PLURAL
 from agentq.operator import metrics
 from agentq.operator.cache import TIMER_TASK
 from agentq.operator.commit import RETRY_SECONDS
@@ -141,14 +140,7 @@ class Dispatcher:
                 token=token,
                 now=c.clock.now(),
             )
-            reply = await c.call(
-                c.kube.patch_status,
-                TASK_PLURAL,
-                task.namespace,
-                task.name,
-                task.resource_version,
-                transition.patch,
-            )
+            reply = await c.write_task_status(task, transition.patch)
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
                 await c.committer.refused_for_good(task, transition, reply.message)

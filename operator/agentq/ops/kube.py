@@ -188,28 +188,21 @@ class Cluster:
         return namespace or self.namespace
 
     def task(self, name: str, namespace: str | None = None) -> Body:
-        ns = self._ns(namespace)
-        got: Body = self._call(
-            self.custom.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            ns,
-            TASK_PLURAL,
-            name,
-            what=f"agenttask {name!r} in namespace {ns!r}",
-        )
-        return got
+        return self._get(TASK_PLURAL, name, namespace)
 
     def worker(self, name: str, namespace: str | None = None) -> Body:
+        return self._get(WORKER_PLURAL, name, namespace)
+
+    def _get(self, plural: str, name: str, namespace: str | None) -> Body:
         ns = self._ns(namespace)
         got: Body = self._call(
             self.custom.get_namespaced_custom_object,
             GROUP,
             VERSION,
             ns,
-            WORKER_PLURAL,
+            plural,
             name,
-            what=f"agentworker {name!r} in namespace {ns!r}",
+            what=f"{plural[:-1]} {name!r} in namespace {ns!r}",
         )
         return got
 
