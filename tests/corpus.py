@@ -155,6 +155,7 @@ class Arena:
         *,
         puppets: tuple[str, ...] = ("pa", "pb"),
         operator_flags: tuple[str, ...] = (),
+        operator_env: dict[str, str] | None = None,
     ) -> None:
         self.cp = control_plane
         self.namespace = f"bad-{uuid.uuid4().hex[:8]}"
@@ -170,6 +171,7 @@ class Arena:
         self.leases = self.fleet.leases
         self.metrics_port = free_port()
         self.operator_flags = operator_flags
+        self.operator_env = operator_env
         self.operator: Process | None = None
         self._serial = itertools.count()
         self._case_names: list[str] = []
@@ -189,7 +191,7 @@ class Arena:
 
     def start_operator(self) -> Process:
         self.operator = self.fleet.operator(
-            "--metrics-port", str(self.metrics_port), *self.operator_flags
+            "--metrics-port", str(self.metrics_port), *self.operator_flags, env=self.operator_env
         )
         return self.operator
 
@@ -339,6 +341,17 @@ class Arena:
     def signal_operator(self, sig: signal.Signals) -> None:
         assert self.operator is not None
         self.operator.signal(sig)
+
+
+def running(
+    arena: Arena, prefix: str, puppet: str = "pa", lease: int = 3
+) -> tuple[Puppet, str, int]:
+    """A claim of ``puppet`` on a fresh task with a short ``lease``, started (Running)."""
+    p = arena.puppets[puppet]
+    name = p.submit(prefix, lease=lease)
+    token = p.wait_grant(name)
+    p.run(name, token)
+    return p, name, token
 
 
 class Puppet:

@@ -29,7 +29,7 @@ from kubernetes.client.rest import ApiException
 from agentq import protocol
 from agentq.operator.readiness import DIAGNOSE_SECONDS
 from builders import task
-from corpus import Arena, Case, Puppet, cases_as_params, deep_text
+from corpus import Arena, Case, Puppet, cases_as_params, deep_text, running
 from fleet import ControlPlane
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,17 @@ def arena(
     control_plane: ControlPlane, agentq_crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Arena]:
     workdir: Path = tmp_path_factory.mktemp("bad-leases")
-    arena = Arena(control_plane, workdir, operator_flags=("--leader-lease-seconds", "4"))
+    # A 4 s election Lease keeps the election cases quick. Its default renew deadline
+    # (2/3 of it, 2.7 s) with renewals every 2 s leaves a renewal 0.7 s of slack: on a
+    # starved machine the corpus operator stepped down and came back mid-case. 3.5 s
+    # (still below the lease, so a stale leader stops before a standby may take over)
+    # gives it 1.5 s.
+    arena = Arena(
+        control_plane,
+        workdir,
+        operator_flags=("--leader-lease-seconds", "4"),
+        operator_env={"LEADER_RENEW_SECONDS": "3.5"},
+    )
     try:
         yield arena
     finally:
@@ -51,15 +61,6 @@ def arena(
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def running(arena: Arena, prefix: str, puppet: str = "pa") -> tuple[Puppet, str, int]:
-    """A claim of ``puppet`` on a fresh task, started (Running)."""
-    p = arena.puppets[puppet]
-    name = p.submit(prefix, lease=LEASE)
-    token = p.wait_grant(name)
-    p.run(name, token)
-    return p, name, token
 
 
 REFUSALS = ("Refused", "Unprocessable", "Invalid")  # StaleReportRefused, InvalidReport, ...

@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from agentq import GROUP, VERSION, protocol
 from builders import task, worker
-from corpus import Arena, Case, Puppet, cases_as_params
+from corpus import Arena, Case, Puppet, cases_as_params, running
 from fleet import ControlPlane, Fleet
 
 pytestmark = pytest.mark.integration
@@ -41,14 +41,6 @@ def arena(
         yield arena
     finally:
         arena.close()
-
-
-def running(arena: Arena, prefix: str, puppet: str = "pa") -> tuple[Puppet, str, int]:
-    p = arena.puppets[puppet]
-    name = p.submit(prefix, lease=LEASE)
-    token = p.wait_grant(name)
-    p.run(name, token)
-    return p, name, token
 
 
 def requeue(arena: Arena, name: str, request: str) -> None:
