@@ -117,8 +117,8 @@ def requeue_running(arena: Arena) -> None:
 def requeue_pending(arena: Arena) -> None:
     name = arena.name("requeue-pending")
     arena.create_task(task(name).requires("nobody-has-this"))
-    # Judged by the operator: Pending and Unschedulable (the phase may be written first,
-    # by admission, and the condition by a later decision), never dispatched.
+    # Judged by the operator: Pending and Unschedulable. A new task's status is the CRD's
+    # default (phase Pending) until then, so a phase alone proves nothing.
     arena.wait(
         f"{name} judged unschedulable",
         lambda: judged_unschedulable(arena.status(name)),
