@@ -865,6 +865,8 @@ async def renewal_cost(
     operator_writes = sum(
         c for (r, v), c in delta.items() if c and not (r == "leases" and v == "PUT")
     )
+    by = {f"{r} {v}": c for (r, v), c in sorted(delta.items()) if c}
+    print(f"   writes during the renewal round, by resource and verb: {by}", flush=True)
     return {
         "renewals": renewed,
         "operator_cpu_ms_per_renewal": 1000 * max(0.0, used) / max(1, renewed),
