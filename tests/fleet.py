@@ -211,6 +211,16 @@ class Fleet:
         items: list[dict[str, Any]] = listed["items"]
         return items
 
+    def leader(self) -> str:
+        """The holder of the operator's election Lease ("" while there is none)."""
+        try:
+            lease = self.leases.read_namespaced_lease("agentq-operator", self.namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return ""
+            raise
+        return str(lease.spec.holder_identity or "")
+
     def task_lease(self, task: str) -> client.V1Lease | None:
         try:
             lease: client.V1Lease = self.leases.read_namespaced_lease(

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes.client.rest import ApiException
 
 from agentq import GROUP, VERSION
 from builders import task, worker
@@ -133,16 +132,6 @@ def relayed_kubeconfig(kubeconfig: str, tmp_path: Path) -> tuple[Relay, str]:
     return relay, str(path)
 
 
-def holder(fleet: Fleet) -> str:
-    try:
-        lease = fleet.leases.read_namespaced_lease("agentq-operator", fleet.namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return ""
-        raise
-    return str(lease.spec.holder_identity or "")
-
-
 def wait_for(what: str, predicate: Any, fleet: Fleet, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -172,7 +161,7 @@ def test_a_stopped_leader_does_not_send_decisions_queued_before_a_standby_took_o
     try:
         a = fleet.operator(*FLAGS, env={"KUBECONFIG": kubeconfig, "WRITE_CONCURRENCY": "1"})
         replica_a = a
-        wait_for("A leads", lambda: str(replica_a.pid) in holder(fleet), fleet)
+        wait_for("A leads", lambda: str(replica_a.pid) in fleet.leader(), fleet)
         b = fleet.operator(*FLAGS)
         # An older task no worker can take yet.
         fleet.add_task(task("old").requires("llm", "x").lease(120))
@@ -203,7 +192,7 @@ def test_a_stopped_leader_does_not_send_decisions_queued_before_a_standby_took_o
             "w",
             {"spec": {"capabilities": ["llm", "x"]}},
         )
-        wait_for("B takes over", lambda: str(b.pid) in holder(fleet), fleet)
+        wait_for("B takes over", lambda: str(b.pid) in fleet.leader(), fleet)
         fleet.wait_task(
             "old",
             lambda t: (t.get("status") or {}).get("worker") == "w",
@@ -217,7 +206,7 @@ def test_a_stopped_leader_does_not_send_decisions_queued_before_a_standby_took_o
             on_w = active_on(fleet, "w")
             assert on_w == ["old"], f"two deciders put w over maxInFlight 1: {on_w}"
             time.sleep(0.2)
-        assert str(b.pid) in holder(fleet)
+        assert str(b.pid) in fleet.leader()
         assert (fleet.task("new").get("status") or {}).get("phase") == "Pending"
     finally:
         if a is not None:

@@ -11,8 +11,6 @@ import re
 import signal
 import time
 
-from kubernetes.client.rest import ApiException
-
 from builders import task, worker
 from fleet import Fleet, Process
 
@@ -47,19 +45,9 @@ def assert_nothing_reclaimed(fleet: Fleet) -> None:
         assert "LeaseExpired" not in fleet.reasons(item["metadata"]["name"])
 
 
-def leader_of(fleet: Fleet) -> str:
-    try:
-        lease = fleet.leases.read_namespaced_lease("agentq-operator", fleet.namespace)
-    except ApiException as err:
-        if err.status == 404:
-            return ""
-        raise
-    return str(lease.spec.holder_identity or "")
-
-
 def wait_leading(fleet: Fleet, proc: Process, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while str(proc.pid) not in leader_of(fleet):
+    while str(proc.pid) not in fleet.leader():
         assert time.monotonic() < deadline, fleet.logs()
         time.sleep(0.1)
 
@@ -82,7 +70,7 @@ def test_a_rolling_restart_of_both_replicas_reclaims_no_healthy_claim(fleet: Fle
     hold_all(fleet)
     replicas = [first, second]
     for _ in range(3):  # three rounds of a rolling update
-        leader = next(p for p in replicas if str(p.pid) in leader_of(fleet))
+        leader = next(p for p in replicas if str(p.pid) in fleet.leader())
         standby = next(p for p in replicas if p is not leader)
         stopped = time.monotonic()
         leader.stop()  # SIGTERM: stop deciding, release the lease, then exit

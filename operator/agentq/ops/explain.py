@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq import protocol
-from agentq.clock import parse_time
+from agentq.clock import parse_time, rfc3339
 from agentq.models import (
     REQUEUABLE_PHASES,
     AgentTask,
@@ -163,7 +163,7 @@ class Explanation:
 
 
 def _stamp(moment: datetime.datetime | None) -> str | None:
-    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else None
+    return rfc3339(moment) if moment else None
 
 
 def _round(value: float | None) -> float | None:

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentq.clock import parse_time
+from agentq.clock import parse_time, rfc3339
 
 Body = Mapping[str, Any]
 WorkerKey = tuple[str, str]  # (namespace, name)
@@ -117,7 +117,7 @@ class FleetView:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "time": self.now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "time": rfc3339(self.now),
             "phases": self.phases,
             "workers": [w.to_dict() for w in self.workers],
             "queues": [q.to_dict() for q in self.queues],
