@@ -21,6 +21,8 @@ from agentq.clock import FakeClock, micro_rfc3339
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
 from agentq.operator.fake import FakeKube
+from agentq.operator.port import Kube
+from agentq.operator.silence import ApiSilence, HeardKube
 from builders import TaskBuilder
 
 NS = "ns"
@@ -37,15 +39,27 @@ class TickingClock(FakeClock):
 
 
 class Harness:
-    def __init__(self, **config: Any) -> None:
+    def __init__(self, *, heard: bool = False, **config: Any) -> None:
+        """``heard``: the controller's calls go through ``silence.HeardKube`` and every
+        watch event is heard, as in the operator (``self.silence``)."""
         self.kube = FakeKube()
         self.clock = TickingClock()
         settings = {"leader_election": False, "leader_namespace": NS, **config}
         self.config = OperatorConfig(**settings)
+        self.silence = ApiSilence(self.clock, self.config.api_silence_seconds)
+        port: Kube = HeardKube(self.kube, self.silence) if heard else self.kube
         self.controller = Controller(
-            kube=self.kube, clock=self.clock, config=self.config, rng=random.Random(1)
+            kube=port, clock=self.clock, config=self.config, rng=random.Random(1)
         )
-        self.kube.subscribe(lambda plural, kind, body: self.controller.observe(plural, kind, body))
+        if heard:
+            self.silence.listen(self.controller.note_api_silence)
+
+        def observe(plural: str, kind: str, body: dict[str, Any]) -> None:
+            if heard:
+                self.silence.heard()
+            self.controller.observe(plural, kind, body)
+
+        self.kube.subscribe(observe)
         self.controller.set_synced()
 
     # -- objects -------------------------------------------------------------------------

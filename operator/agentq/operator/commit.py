@@ -5,7 +5,8 @@
 1. an expiry is confirmed first (a stalled watch looks exactly like a dead
    holder): the Lease is read again (``confirm.ExpiryConfirmer``: one read per
    worker for the claims of a worker that died) and the decision dropped if it
-   changed;
+   changed -- or if time was given back to every Lease meanwhile (the operator
+   was stopped, or the API server answered nothing: ``silence``);
 2. the status transition is written with a CAS on the resourceVersion the
    decision was made on; a 409 or 404 drops it (the next event decides again),
    a write the API server will never accept (422, too large) becomes a visible
@@ -60,11 +61,14 @@ class Committer:
         self.c = controller
         self._deleting: set[Key] = set()  # Leases whose delete is on its way
 
-    async def apply(self, task: TaskView, lease: LeaseView | None, decision: Decision) -> None:
+    async def apply(
+        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int = 0
+    ) -> None:
+        """``credits``: ``Controller.credits`` when the decision was made."""
         c = self.c
         key = task.key
         try:
-            await self._apply_decision(task, lease, decision)
+            await self._apply_decision(task, lease, decision, credits)
         except NotLeading:
             # Not sent (see Controller.call): looked at again if we still lead then.
             c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))
@@ -77,7 +81,7 @@ class Committer:
             c.redecide_if_changed(task, lease)
 
     async def _apply_decision(
-        self, task: TaskView, lease: LeaseView | None, decision: Decision
+        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int
     ) -> None:
         c = self.c
         key = task.key
@@ -100,6 +104,14 @@ class Committer:
             elif current.status is Status.GONE:
                 c.observe_lease(gone(lease), deleted=True)
                 return
+        if decision.confirm_expiry and c.credits != credits:
+            # Time was given back to every Lease since the expiry was judged (the API
+            # server answered nothing for a while, its reply to the read above maybe the
+            # first thing it said): the holder could not renew meanwhile. Decide again.
+            c.stats.expiries_dropped += 1
+            log.info("expiry of %s/%s not committed: time was given back to the leases", *key)
+            c.push_timer(c.clock.monotonic(), (TIMER_TASK, key))
+            return
         if transition is not None:
             committed = await self.commit(task, transition, decision)
             if not committed:

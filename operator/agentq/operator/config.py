@@ -70,6 +70,10 @@ class OperatorConfig:
     # STALL_SECONDS: the event loop running this late means the process was stopped (or
     # starved): the time is given back to every Lease instead of counted against it.
     stall_seconds: float = 1.0
+    # API_SILENCE_SECONDS: a request of ours waiting this long with nothing at all heard
+    # from the API server (no reply, no watch line) means it was not serving: holders
+    # could not renew either, and the time is given back to every Lease (silence.py).
+    api_silence_seconds: float = 2.0
     # WATCHER / WRITER: the watch and client machinery. informer + rest (aiohttp) by
     # default; kopf and threads (the kubernetes sync client) are kept for comparison
     # (make bench-load).
@@ -99,6 +103,8 @@ class OperatorConfig:
                 f"the leader retry period ({self.leader_retry_seconds}s) must be below the renew "
                 f"deadline ({self.leader_renew_deadline}s)"
             )
+        if not self.api_silence_seconds > 0:
+            raise ValueError("API_SILENCE_SECONDS must be above 0")
         for name in ("worker_status_qps", "worker_counts_qps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name.upper()} must be above 0 (writes a second)")
@@ -129,6 +135,7 @@ class OperatorConfig:
             "PROGRESS_STATUS_INTERVAL": ("progress_status_interval", float),
             "RESYNC_INTERVAL": ("resync_interval", float),
             "REQUEST_TIMEOUT": ("request_timeout", float),
+            "API_SILENCE_SECONDS": ("api_silence_seconds", float),
             "TOKEN_BLOCK": ("token_block", int),
             "WATCHER": ("watcher", str),
             "WRITER": ("writer", str),

@@ -95,6 +95,7 @@ class _Stats:
     worker_status_writes: int = 0
     stalls: int = 0
     stalled_seconds: float = 0.0
+    api_silences: int = 0
     timer_entries: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -151,6 +152,9 @@ class Controller:
         self.workers: dict[Key, WorkerView] = {}
         self.leases: dict[Key, LeaseView] = {}
         self.tracker = LeaseTracker()
+        # Bumped each time every Lease is given time back (a stall of ours, a silence of
+        # the API server): an expiry decided before that is decided again, not committed.
+        self.credits = 0
         self._tombstones = Tombstones()
         # -- indexes
         self.schedulers: dict[str, Scheduler] = {}
@@ -546,6 +550,23 @@ class Controller:
         )
         self.stats.stalls += 1
         self.stats.stalled_seconds += seconds
+        self._give_back(seconds)
+
+    def note_api_silence(self, seconds: float) -> None:
+        """The API server answered nothing for ``seconds`` while we waited (``silence``):
+        the holders could not renew either."""
+        log.warning(
+            "the API server answered nothing for %.1fs; that time is not counted against leases",
+            seconds,
+        )
+        metrics.API_SILENCE.inc(seconds)
+        self.stats.api_silences += 1
+        self._give_back(seconds)
+
+    def _give_back(self, seconds: float) -> None:
+        """Every Lease (and grace period) gets ``seconds`` back. An expiry decided before
+        this and not yet committed is decided again (``credits`` moved)."""
+        self.credits += 1
         self.tracker.credit(seconds)
         for grace in self.grace.values():
             grace.deadline += seconds
@@ -753,7 +774,7 @@ class Controller:
                 continue
             budget -= 1
             self.busy.add(key)
-            self.spawn(self.committer.apply(task, lease, decision))
+            self.spawn(self.committer.apply(task, lease, decision, self.credits))
 
     # -- commit -------------------------------------------------------------------------
 

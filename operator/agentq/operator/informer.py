@@ -61,8 +61,12 @@ class Informer:
         on_synced: Callable[[], None],
         on_health: Callable[[bool], None],
         label_selector: str | None = None,
+        on_heard: Callable[[], None] | None = None,
     ) -> None:
         self.connection = connection
+        # Called for every answer from the API server (a page, a watch line, a bookmark):
+        # it is serving (``silence.ApiSilence.heard``).
+        self.on_heard = on_heard or (lambda: None)
         self.session = session
         self.path = path
         self.plural = plural
@@ -116,6 +120,7 @@ class Informer:
                 self._url(**params), headers=self.connection.headers()
             ) as rsp:
                 raw = await rsp.read()
+                self.on_heard()
                 if rsp.status == 410:
                     cont = ""
                     yield None
@@ -185,6 +190,7 @@ class Informer:
                         break
                     line = bytes(buffer[:end])
                     del buffer[: end + 1]
+                    self.on_heard()
                     if line.strip():
                         self._line(line)
 

@@ -31,6 +31,7 @@ from agentq.operator.health import AlwaysHealthy, WatchHealth
 from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
 from agentq.operator.port import Kube, lease_path, object_path
+from agentq.operator.silence import ApiSilence, HeardKube
 
 log = logging.getLogger("agentq.operator")
 LEASE_SELECTOR = "agentq.dev/lease in (task,worker)"
@@ -57,6 +58,7 @@ def _informers(
     session: aiohttp.ClientSession,
     controller: Controller,
     health: WatchHealth,
+    silence: ApiSilence,
 ) -> list[Informer]:
     namespaces: list[str | None] = list(config.namespaces) or [None]
     resources = [
@@ -103,6 +105,7 @@ def _informers(
                     on_synced=synced,
                     on_health=health_of,
                     label_selector=selector,
+                    on_heard=silence.heard,
                 )
             )
     return informers
@@ -114,12 +117,14 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     loop = asyncio.get_running_loop()
     clock = SystemClock()
     conn = connections.load()
-    kube = _make_kube(config, conn)
+    silence = ApiSilence(clock, config.api_silence_seconds)
+    kube = HeardKube(_make_kube(config, conn), silence)
     informer_mode = config.watcher == "informer"
     health = (
         WatchHealth([TASK_PLURAL, WORKER_PLURAL, "leases"]) if informer_mode else AlwaysHealthy()
     )
     controller = Controller(kube=kube, clock=clock, config=config, health=health)
+    silence.listen(controller.note_api_silence)
     metrics.serve(config.metrics_port)
     metrics.LEADER.set(1 if controller.leading else 0)
 
@@ -150,7 +155,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     watchers: list[asyncio.Task[Any]] = []
     kopf_stop: asyncio.Future[None] = loop.create_future()
     if informer_mode:
-        informers = _informers(config, conn, session, controller, health)
+        informers = _informers(config, conn, session, controller, health, silence)
         for informer in informers:
             watchers.append(
                 asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")

@@ -69,6 +69,10 @@ RECONCILE = Histogram(
 LOOP_LAG = Gauge(
     "agentq_loop_lag_seconds", "How late the event loop ran against its due time (last tick)."
 )
+API_SILENCE = Counter(
+    "agentq_api_silence_seconds_total",
+    "Seconds the API server answered nothing while a request waited (given back to Leases).",
+)
 WATCH_HEALTHY = Gauge(
     "agentq_watch_healthy",
     "1 while the watch of the resource is connected and current.",

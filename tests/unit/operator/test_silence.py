@@ -1,0 +1,144 @@
+"""A silent API server is not counted against holders (``agentq.operator.silence``).
+
+An API server that answers nothing -- stopped, starved, paused -- keeps its
+connections open, so the watches look healthy while no holder can renew. The
+time a request of ours waited with nothing at all heard is given back to every
+Lease, and an expiry decided before it is decided again instead of committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentq.clock import FakeClock
+from agentq.operator.fake import Held
+from agentq.operator.silence import ApiSilence
+from builders import task
+from harness import Harness, run
+
+
+def silence(threshold: float = 2.0) -> tuple[ApiSilence, FakeClock, list[float]]:
+    clock = FakeClock()
+    s = ApiSilence(clock, threshold)
+    credited: list[float] = []
+    s.listen(credited.append)
+    return s, clock, credited
+
+
+def test_a_request_answered_after_a_silence_gives_the_silence_back() -> None:
+    s, clock, credited = silence()
+    s.sent()
+    clock.advance(5)
+    s.answered()
+    assert credited == [pytest.approx(5)]
+
+
+def test_a_silence_below_the_threshold_gives_nothing_back() -> None:
+    s, clock, credited = silence()
+    s.sent()
+    clock.advance(1.9)
+    s.answered()
+    assert credited == []
+
+
+def test_a_slow_but_serving_api_server_is_not_silent() -> None:
+    # One slow request, but watch lines (and other replies) keep coming meanwhile.
+    s, clock, credited = silence()
+    s.sent()
+    for _ in range(10):
+        clock.advance(1)
+        s.heard()
+    s.answered()
+    assert credited == []
+
+
+def test_overlapping_requests_give_the_silence_back_once() -> None:
+    s, clock, credited = silence()
+    s.sent()
+    clock.advance(1)
+    s.sent()
+    clock.advance(4)
+    s.answered()  # the first: 5 s since it went out
+    s.answered()  # the second: nothing more
+    assert credited == [pytest.approx(5)]
+
+
+def test_a_request_that_timed_out_leaves_the_silence_open() -> None:
+    s, clock, credited = silence()
+    s.sent()
+    clock.advance(3)
+    s.unanswered()  # timed out: nothing heard yet
+    clock.advance(1)
+    s.sent()
+    clock.advance(2)
+    s.answered()
+    assert credited == [pytest.approx(6)]
+
+
+def test_nothing_is_silent_while_nothing_is_asked() -> None:
+    s, clock, credited = silence()
+    clock.advance(60)
+    s.heard()
+    s.sent()
+    s.answered()
+    assert credited == []
+
+
+@run
+async def test_an_expiry_whose_confirming_read_waited_through_a_silence_is_not_committed() -> None:
+    h = Harness(heard=True)
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t0").requires("llm").lease(3).backoff(initial=0))
+    await h.advance(0.5)
+    h.renew("t0")
+    await h.settle()
+    assert h.phase("t0") == "Running"
+    # The API server stops answering: a request of ours waits from here on (in the
+    # operator, the leader's renewal every 2 s), the holder cannot renew, the lease ends
+    # on our clock, and the confirming read waits too.
+    h.clock.advance(0.5)
+    h.silence.sent()
+    gate = asyncio.Event()
+    h.kube.inject("get_lease", Held(gate))
+    h.clock.advance(3)
+    for _ in range(50):
+        h.controller.step()
+        await asyncio.sleep(0)
+    assert h.kube.calls["get_lease"] >= 1, "the expiry was judged and its read sent"
+    h.clock.advance(3)
+    gate.set()  # it answers again: the read first (the Lease unchanged) ...
+    for _ in range(50):
+        await asyncio.sleep(0)
+    h.silence.answered()
+    h.renew("t0")  # ... then the holder's renewal that waited in the same queue
+    await h.settle()
+    assert h.controller.stats.api_silences == 1
+    assert h.phase("t0") == "Running" and not h.status("t0").get("reclaims")
+
+
+@run
+async def test_a_claim_whose_holder_died_is_still_reclaimed_after_a_silence() -> None:
+    h = Harness(heard=True)
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t0").requires("llm").lease(3).backoff(initial=0))
+    await h.advance(0.5)
+    h.renew("t0")
+    await h.settle()
+    h.clock.advance(0.5)
+    h.silence.sent()  # as above: the API server stops answering
+    gate = asyncio.Event()
+    h.kube.inject("get_lease", Held(gate))
+    h.clock.advance(3)
+    for _ in range(50):
+        h.controller.step()
+        await asyncio.sleep(0)
+    h.clock.advance(3)
+    gate.set()
+    h.silence.answered()
+    await h.settle()
+    assert not h.status("t0").get("reclaims"), "not in the second the API server answered"
+    assert h.controller.stats.api_silences == 1
+    await h.advance(3)  # the holder is dead: nothing renews in the time given back
+    assert h.status("t0").get("reclaims") == 1
