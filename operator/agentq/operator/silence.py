@@ -21,8 +21,11 @@ back and is decided again instead of committed.
 
 A slow but serving API server is not silent: with requests in flight, replies
 and watch events keep arriving, and only a stretch with none at all counts. A
-request that fails without a reply (a timeout, a refused connection) leaves the
-silence open until something is heard.
+request that ends without being served (a timeout, a refused connection, a 5xx
+or 429: ``KubeError``) leaves the silence open until something is heard. The
+silence counts from the first request that waited through it: in the operator
+the leader's renewal goes out every few seconds, so a stopped API server is
+noticed from about when it stopped.
 """
 
 from __future__ import annotations
