@@ -115,7 +115,7 @@ bench: venv
 #   git archive main | tar -x -C /tmp/main && make bench-load BENCH_LOAD_ARGS=--variants=new,baseline=/tmp/main
 BENCH_LOAD_ARGS ?=
 bench-load: venv controlplane
-	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --write-docs $(BENCH_LOAD_ARGS)
+	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --costs --write-docs $(BENCH_LOAD_ARGS)
 
 demo: venv controlplane
 	$(BIN)/python -m agentq.demo $(DEMO_FLAGS)

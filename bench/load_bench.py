@@ -20,7 +20,11 @@ busy machine):
    during those renewals (must be 0);
 4. reclaim latency: 500 held tasks whose holder (the fleet process) is
    SIGKILLed, from each Lease's last renewal to the status write that reclaims
-   it, p50 / p99 / max.
+   it, p50 / p99 / max;
+5. with ``--costs``: what one request of each kind the operator makes costs the
+   API server, measured alone -- the AgentTask status CAS beside a Lease create
+   and beside the same patch on a schema-less custom resource -- so the ceiling
+   the raw Lease rate sets (1.) can be read against what a grant's writes cost.
 
 Variants of the operator can be run side by side (``--variants``): ``new`` is
 this tree with its defaults; ``kopf`` and ``threads`` swap in kopf's watches or
@@ -540,6 +544,236 @@ async def raw_grant_rate(env: Env, count: int = 1000, concurrency: int = 32) -> 
         )
     finally:
         await drop_namespace(env, ns)
+
+
+PROBE_GROUP = "probe.bench.agentq.dev"
+
+
+def probe_crd() -> dict[str, Any]:
+    """A custom resource with no schema at all (``x-kubernetes-preserve-unknown-fields``)
+    and a status subresource: what a custom resource's write costs before any schema."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"probes.{PROBE_GROUP}"},
+        "spec": {
+            "group": PROBE_GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "probes", "singular": "probe", "kind": "Probe"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "x-kubernetes-preserve-unknown-fields": True,
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+async def request_costs(env: Env, count: int = 500, concurrency: int = 32) -> Result:
+    """What one request of each kind the operator makes costs the API server, measured
+    alone with a plain client: Lease create / GET / LIST of one worker's 50 claims (of
+    500) / DELETE, Event create, and the status CAS of an AgentTask beside that of a
+    schema-less custom resource of the same content -- so the ceiling the raw Lease rate
+    sets can be read against what a grant's writes really cost."""
+    ns = await make_namespace(env)
+    crd = probe_crd()
+    crd_path = env.workdir / "probe-crd.json"
+    crd_path.write_text(json.dumps(crd))
+    kubectl = [env.kubectl, "--kubeconfig", env.kubeconfig]
+    subprocess.run([*kubectl, "apply", "-f", str(crd_path)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            *kubectl,
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            f"crd/probes.{PROBE_GROUP}",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    rows: dict[str, dict[str, float]] = {}
+    stamp = "2026-01-01T00:00:00Z"
+
+    async def measure(label: str, jobs: list[Any]) -> None:
+        cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
+        started = time.monotonic()
+        replies = await bounded(jobs, concurrency)
+        took = time.monotonic() - started
+        cpu = {k: cpu_seconds(p) - cpu0[k] for k, p in env.pids.items()}
+        bad = [r for r in replies if r[0] not in (200, 201)]
+        if bad:
+            raise RuntimeError(f"{label}: {len(bad)} failed, e.g. {str(bad[0])[:300]}")
+        rows[label] = {
+            "per_s": len(jobs) / took,
+            "apiserver_ms": 1000 * cpu["kube-apiserver"] / len(jobs),
+            "etcd_ms": 1000 * cpu["etcd"] / len(jobs),
+        }
+        print(f"   {label}: {rows[label]}", flush=True)
+
+    def running(i: int, obj: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+            "status": {
+                "phase": "Assigned",
+                "worker": f"w{i % 10:04d}",
+                "attempt": 1,
+                "reclaims": 0,
+                "fencingToken": 1000 + i,
+                "leaseName": f"agentq-task-{obj['metadata']['name']}",
+                "assignedAt": stamp,
+                "lastTransitionTime": stamp,
+            },
+        }
+
+    try:
+        await create_tasks(env, ns, count, lease=900)
+        tasks, _ = await env.api.list_all(TASKS.format(ns=ns))
+        probes_path = f"/apis/{PROBE_GROUP}/v1/namespaces/{ns}/probes"
+        await bounded(
+            [
+                lambda t=t: env.api.request(  # type: ignore[misc]
+                    "POST",
+                    probes_path,
+                    {
+                        "apiVersion": f"{PROBE_GROUP}/v1",
+                        "kind": "Probe",
+                        "metadata": {"name": t["metadata"]["name"]},
+                        "spec": t["spec"],
+                    },
+                )
+                for t in tasks
+            ],
+            concurrency,
+        )
+        probes, _ = await env.api.list_all(probes_path)
+
+        def lease(i: int, t: dict[str, Any]) -> dict[str, Any]:
+            name = t["metadata"]["name"]
+            return {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {
+                    "name": f"agentq-task-{name}",
+                    "labels": {
+                        "agentq.dev/lease": "task",
+                        "agentq.dev/task": name,
+                        "agentq.dev/worker": f"w{i % 10:04d}",
+                    },
+                },
+                "spec": {"holderIdentity": f"w{i % 10:04d}", "leaseDurationSeconds": 5},
+            }
+
+        leases_path = LEASES.format(ns=ns)
+        await measure(
+            "Lease create",
+            [
+                lambda i=i, t=t: env.api.request("POST", leases_path, lease(i, t))
+                for i, t in enumerate(tasks)
+            ],
+        )
+        await measure(
+            "Lease GET",
+            [
+                lambda t=t: env.api.request(
+                    "GET", f"{leases_path}/agentq-task-{t['metadata']['name']}"
+                )
+                for t in tasks
+            ],
+        )
+        await measure(
+            "Lease LIST by worker label (50 of 500)",
+            [
+                lambda i=i: env.api.request(
+                    "GET",
+                    f"{leases_path}?labelSelector=agentq.dev/lease%3Dtask,"
+                    f"agentq.dev/worker%3Dw{i % 10:04d}",
+                )
+                for i in range(count // 5)
+            ],
+        )
+        await measure(
+            "Event create",
+            [
+                lambda t=t: env.api.request(
+                    "POST",
+                    f"/api/v1/namespaces/{ns}/events",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Event",
+                        "metadata": {"generateName": f"{t['metadata']['name']}."},
+                        "involvedObject": {
+                            "apiVersion": "agentq.dev/v1alpha1",
+                            "kind": "AgentTask",
+                            "name": t["metadata"]["name"],
+                            "namespace": ns,
+                            "uid": t["metadata"]["uid"],
+                        },
+                        "reason": "Assigned",
+                        "message": "attempt 1 assigned to worker w0000",
+                        "type": "Normal",
+                        "firstTimestamp": stamp,
+                        "lastTimestamp": stamp,
+                        "count": 1,
+                    },
+                )
+                for t in tasks
+            ],
+        )
+        await measure(
+            "AgentTask status CAS (merge patch)",
+            [
+                lambda i=i, t=t: env.api.request(
+                    "PATCH",
+                    f"{TASKS.format(ns=ns)}/{t['metadata']['name']}/status",
+                    running(i, t),
+                    content_type="application/merge-patch+json",
+                )
+                for i, t in enumerate(tasks)
+            ],
+        )
+        await measure(
+            "schema-less custom resource status CAS (same patch)",
+            [
+                lambda i=i, t=t: env.api.request(
+                    "PATCH",
+                    f"{probes_path}/{t['metadata']['name']}/status",
+                    running(i, t),
+                    content_type="application/merge-patch+json",
+                )
+                for i, t in enumerate(probes)
+            ],
+        )
+        listed, _ = await env.api.list_all(leases_path)
+        await measure(
+            "Lease DELETE (resourceVersion precondition)",
+            [
+                lambda x=x: env.api.request(
+                    "DELETE",
+                    f"{leases_path}/{x['metadata']['name']}",
+                    {"preconditions": {"resourceVersion": x["metadata"]["resourceVersion"]}},
+                )
+                for x in listed
+                if x["metadata"]["name"].startswith("agentq-task-")
+            ],
+        )
+        return Result("request-costs", {"rows": rows})
+    finally:
+        await drop_namespace(env, ns)
+        subprocess.run(
+            [*kubectl, "delete", "--ignore-not-found", "-f", str(crd_path)],
+            check=False,
+            capture_output=True,
+        )
 
 
 def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -1079,6 +1313,24 @@ def render(results: list[Result], command: str, started: float) -> str:
             "CPU each).",
             "",
         ]
+    costs = next((r for r in results if r.name == "request-costs"), None)
+    if costs is not None:
+        rows = costs.figures["rows"]
+        base = rows.get("Lease create", {}).get("apiserver_ms") or math.nan
+        lines += [
+            "What one request of each kind costs, measured alone (same client, 500 of each, "
+            "32 at a time; a namespace of 500 tasks and their 500 Leases):",
+            "",
+            "| request | per second | API server CPU ms | etcd CPU ms | API server CPU vs a "
+            "Lease create |",
+            "|---|--:|--:|--:|--:|",
+        ]
+        for label, row in rows.items():
+            lines.append(
+                f"| {label} | {fmt(row['per_s'], 0)} | {fmt(row['apiserver_ms'], 2)} | "
+                f"{fmt(row['etcd_ms'], 2)} | {fmt(row['apiserver_ms'] / base, 1)}x |"
+            )
+        lines.append("")
     dispatches = [r for r in results if r.name.startswith("dispatch")]
     if dispatches:
         lines += [
@@ -1223,6 +1475,10 @@ async def run(args: argparse.Namespace) -> list[Result]:
         print(results[-1], flush=True)
         results.append(await raw_grant_rate(env))
         print(results[-1], flush=True)
+        if args.costs or args.only_costs:
+            results.append(await request_costs(env))
+        if args.only_costs:
+            return results
         scenarios = [(1000, 50)] if args.quick else [(1000, 50), (10000, 1000)]
         if args.only_reclaim:
             scenarios = []
@@ -1275,6 +1531,10 @@ def main() -> None:
     parser.add_argument("--write-docs", action="store_true", help="update docs/benchmarks.md")
     parser.add_argument("--keep", action="store_true", help="keep the logs")
     parser.add_argument("--only-reclaim", action="store_true", help="the reclaim scenario only")
+    parser.add_argument(
+        "--costs", action="store_true", help="also what one request of each kind costs"
+    )
+    parser.add_argument("--only-costs", action="store_true", help="the request costs only")
     parser.add_argument("--repeat", type=int, default=1, help="run the dispatch variants N times")
     parser.add_argument("--no-renewals", action="store_true", help="skip the renewal-cost phase")
     args = parser.parse_args()
