@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from agentq.claims import Readiness
 from agentq.clock import FakeClock
 from agentq.operator.fake import Held
 from agentq.operator.silence import ApiSilence
@@ -142,3 +143,25 @@ async def test_a_claim_whose_holder_died_is_still_reclaimed_after_a_silence() ->
     assert h.controller.stats.api_silences == 1
     await h.advance(3)  # the holder is dead: nothing renews in the time given back
     assert h.status("t0").get("reclaims") == 1
+
+
+@run
+async def test_a_worker_whose_lease_ended_in_a_silence_is_ready_again_once_it_answers() -> None:
+    h = Harness(heard=True)
+    h.worker("w1", "llm", lease_seconds=3)
+    await h.settle()
+    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.READY
+    # The API server stops answering: nothing renews, and the worker's status write (its
+    # Lease ended on our clock) waits like every other request.
+    gate = asyncio.Event()
+    h.kube.inject("patch_status", Held(gate))
+    h.silence.sent()
+    h.clock.advance(4)
+    for _ in range(50):
+        h.controller.step()
+        await asyncio.sleep(0)
+    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.LEASE_STALE
+    gate.set()  # it answers again: the 4 s are given back
+    await h.settle()
+    assert h.controller.stats.api_silences == 1
+    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.READY, "not at its next renewal"
