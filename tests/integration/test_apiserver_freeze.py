@@ -34,14 +34,18 @@ def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Clus
 
 
 @pytest.mark.parametrize(
-    "freeze",
+    ("freeze", "flags"),
     [
-        pytest.param(6.5, id="longer-than-the-lease"),
-        pytest.param(14.0, id="longer-than-the-leader-renew-deadline"),
+        pytest.param(6.5, (), id="longer-than-the-lease"),
+        pytest.param(14.0, (), id="longer-than-the-leader-renew-deadline"),
+        pytest.param(6.5, ("--no-leader-election",), id="no-leader-election"),
     ],
 )
 def test_a_frozen_api_server_reclaims_no_healthy_claim_and_still_the_dead_ones(
-    own_cluster: tuple[Cluster, ClusterState], tmp_path: Path, freeze: float
+    own_cluster: tuple[Cluster, ClusterState],
+    tmp_path: Path,
+    freeze: float,
+    flags: tuple[str, ...],
 ) -> None:
     _, state = own_cluster
     namespace = f"freeze-{uuid.uuid4().hex[:6]}"
@@ -65,7 +69,7 @@ def test_a_frozen_api_server_reclaims_no_healthy_claim_and_still_the_dead_ones(
         for name in ("alive", "dead"):
             fleet.add_worker(worker(name).capabilities("llm").max_in_flight(3))
             pairs[name] = fleet.agent(name, "hold")
-        fleet.operator()
+        fleet.operator(*flags)
         names = [f"job-{i}" for i in range(6)]
         for name in names:
             fleet.add_task(task(name).requires("llm").lease(5))

@@ -31,7 +31,7 @@ from agentq.operator.health import AlwaysHealthy, WatchHealth
 from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
 from agentq.operator.port import Kube, lease_path, object_path
-from agentq.operator.silence import ApiSilence, HeardKube
+from agentq.operator.silence import ApiSilence, HeardKube, pulse
 
 log = logging.getLogger("agentq.operator")
 LEASE_SELECTOR = "agentq.dev/lease in (task,worker)"
@@ -187,6 +187,11 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     core = [asyncio.create_task(controller.run(stop), name="controller")]
     if elector is not None:
         core.append(asyncio.create_task(elector.run(stop), name="leader"))
+    else:
+        # Nothing else asks the API server regularly: read a Lease every 2 s, so a silence
+        # of the API server is noticed from about when it began (silence.py).
+        pulse_task = pulse(kube, config.leader_namespace, config.leader_lease, stop)
+        core.append(asyncio.create_task(pulse_task, name="pulse"))
     log.info(
         "agentq operator %s started (leader election %s, watcher %s, writer %s)",
         config.identity,

@@ -24,12 +24,15 @@ and watch events keep arriving, and only a stretch with none at all counts. A
 request that ends without being served (a timeout, a refused connection, a 5xx
 or 429: ``KubeError``) leaves the silence open until something is heard. The
 silence counts from the first request that waited through it: in the operator
-the leader's renewal goes out every few seconds, so a stopped API server is
-noticed from about when it stopped.
+the elector's request goes out every 2 s, and with leader election off
+``pulse`` reads a Lease every 2 s for the same purpose, so a stopped API server
+is noticed from about when it stopped.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 from agentq.clock import Clock
@@ -124,4 +127,17 @@ class HeardKube:
         await self.inner.close()
 
 
-__all__ = ["ApiSilence", "HeardKube"]
+async def pulse(
+    kube: Kube, namespace: str, name: str, stop: asyncio.Event, period: float = 2.0
+) -> None:
+    """Read one Lease every ``period`` until ``stop`` (a 404 is as good an answer): with
+    leader election off nothing else asks the API server regularly, and a silence
+    counts only from the first request that waited through it."""
+    while not stop.is_set():
+        with contextlib.suppress(Exception):
+            await kube.get_lease(namespace, name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=period)
+
+
+__all__ = ["ApiSilence", "HeardKube", "pulse"]

@@ -14,8 +14,8 @@ import pytest
 
 from agentq.claims import Readiness
 from agentq.clock import FakeClock
-from agentq.operator.fake import Held
-from agentq.operator.silence import ApiSilence
+from agentq.operator.fake import FakeKube, Held
+from agentq.operator.silence import ApiSilence, pulse
 from builders import task
 from harness import Harness, run
 
@@ -165,3 +165,15 @@ async def test_a_worker_whose_lease_ended_in_a_silence_is_ready_again_once_it_an
     await h.settle()
     assert h.controller.stats.api_silences == 1
     assert h.controller.ready.of[("ns", "w1")][0] is Readiness.READY, "not at its next renewal"
+
+
+@run
+async def test_pulse_asks_the_api_server_regularly_until_stopped() -> None:
+    # With leader election off it is what a silence is counted from.
+    kube = FakeKube()
+    stop = asyncio.Event()
+    task = asyncio.create_task(pulse(kube, "ns", "agentq-operator", stop, period=0.01))
+    await asyncio.sleep(0.1)
+    assert kube.calls["get_lease"] >= 3  # a 404 each time: as good an answer
+    stop.set()
+    await asyncio.wait_for(task, timeout=1)
