@@ -412,6 +412,30 @@ async def raw_write_rate(env: Env, count: int = 2000) -> Result:
         await drop_namespace(env, ns)
 
 
+def assigned_event(ns: str, task: dict[str, Any]) -> dict[str, Any]:
+    """The Event a grant records on its task (as the operator writes it)."""
+    stamp = "2026-01-01T00:00:00Z"
+    meta = task["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}."},
+        "involvedObject": {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "name": meta["name"],
+            "namespace": ns,
+            "uid": meta["uid"],
+        },
+        "reason": "Assigned",
+        "message": "attempt 1 assigned to worker w0000",
+        "type": "Normal",
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
 async def raw_grant_rate(env: Env, count: int = 1000, concurrency: int = 32) -> Result:
     """The ceiling for the grant's own write mix: a plain client makes, per pending task,
     the writes of one grant -- the status CAS (merge patch with the resourceVersion),
@@ -479,26 +503,7 @@ async def raw_grant_rate(env: Env, count: int = 1000, concurrency: int = 32) -> 
                 },
             )
             await env.api.request(
-                "POST",
-                f"/api/v1/namespaces/{ns}/events",
-                {
-                    "apiVersion": "v1",
-                    "kind": "Event",
-                    "metadata": {"generateName": f"{name}."},
-                    "involvedObject": {
-                        "apiVersion": "agentq.dev/v1alpha1",
-                        "kind": "AgentTask",
-                        "name": name,
-                        "namespace": ns,
-                        "uid": meta["uid"],
-                    },
-                    "reason": "Assigned",
-                    "message": "attempt 1 assigned to worker w0000",
-                    "type": "Normal",
-                    "firstTimestamp": stamp,
-                    "lastTimestamp": stamp,
-                    "count": 1,
-                },
+                "POST", f"/api/v1/namespaces/{ns}/events", assigned_event(ns, task)
             )
 
         async def status_only(i: int, task: dict[str, Any]) -> None:
@@ -705,54 +710,27 @@ async def request_costs(env: Env, count: int = 500, concurrency: int = 32) -> Re
             "Event create",
             [
                 lambda t=t: env.api.request(
-                    "POST",
-                    f"/api/v1/namespaces/{ns}/events",
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Event",
-                        "metadata": {"generateName": f"{t['metadata']['name']}."},
-                        "involvedObject": {
-                            "apiVersion": "agentq.dev/v1alpha1",
-                            "kind": "AgentTask",
-                            "name": t["metadata"]["name"],
-                            "namespace": ns,
-                            "uid": t["metadata"]["uid"],
-                        },
-                        "reason": "Assigned",
-                        "message": "attempt 1 assigned to worker w0000",
-                        "type": "Normal",
-                        "firstTimestamp": stamp,
-                        "lastTimestamp": stamp,
-                        "count": 1,
-                    },
+                    "POST", f"/api/v1/namespaces/{ns}/events", assigned_event(ns, t)
                 )
                 for t in tasks
             ],
         )
-        await measure(
-            "AgentTask status CAS (merge patch)",
-            [
-                lambda i=i, t=t: env.api.request(
-                    "PATCH",
-                    f"{TASKS.format(ns=ns)}/{t['metadata']['name']}/status",
-                    running(i, t),
-                    content_type="application/merge-patch+json",
-                )
-                for i, t in enumerate(tasks)
-            ],
-        )
-        await measure(
-            "schema-less custom resource status CAS (same patch)",
-            [
-                lambda i=i, t=t: env.api.request(
-                    "PATCH",
-                    f"{probes_path}/{t['metadata']['name']}/status",
-                    running(i, t),
-                    content_type="application/merge-patch+json",
-                )
-                for i, t in enumerate(probes)
-            ],
-        )
+        for label, path, objects in (
+            ("AgentTask status CAS (merge patch)", TASKS.format(ns=ns), tasks),
+            ("schema-less custom resource status CAS (same patch)", probes_path, probes),
+        ):
+            await measure(
+                label,
+                [
+                    lambda i=i, o=o, path=path: env.api.request(
+                        "PATCH",
+                        f"{path}/{o['metadata']['name']}/status",
+                        running(i, o),
+                        content_type="application/merge-patch+json",
+                    )
+                    for i, o in enumerate(objects)
+                ],
+            )
         listed, _ = await env.api.list_all(leases_path)
         await measure(
             "Lease DELETE (resourceVersion precondition)",

@@ -18,6 +18,7 @@ import pytest
 
 from agentq.controlplane import Cluster
 from agentq.controlplane.binaries import resolve
+from agentq.controlplane.cluster import ClusterState
 from fleet import ControlPlane, Fleet
 from pgserver import PostgresServer, find_bin_dir
 
@@ -44,6 +45,18 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
             kubectl_path=state.binaries["kubectl"],
             cluster=cluster,
         )
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="module")
+def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ClusterState]]:
+    """A control plane for one test module alone: for tests that restart or stop the API
+    server, which would disturb every other test on the shared one."""
+    cluster = Cluster(tmp_path_factory.mktemp("own-controlplane"))
+    state = cluster.up(build=True, tie_to_parent=True)
+    try:
+        yield cluster, state
     finally:
         cluster.down()
 

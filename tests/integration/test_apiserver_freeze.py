@@ -10,7 +10,6 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,6 @@ from builders import task, worker
 from fleet import Fleet
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
-
-
-@pytest.fixture(scope="module")
-def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ClusterState]]:
-    cluster = Cluster(tmp_path_factory.mktemp("freeze-controlplane"))
-    state = cluster.up(build=True, tie_to_parent=True)
-    try:
-        yield cluster, state
-    finally:
-        cluster.down()
 
 
 @pytest.mark.parametrize(

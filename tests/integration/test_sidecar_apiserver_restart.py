@@ -12,11 +12,8 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from agentq.controlplane import Cluster
 from agentq.controlplane.cluster import ClusterState
@@ -24,16 +21,6 @@ from builders import task, worker
 from fleet import Fleet
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
-
-
-@pytest.fixture(scope="module")
-def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ClusterState]]:
-    cluster = Cluster(tmp_path_factory.mktemp("restart-controlplane"))
-    state = cluster.up(build=True, tie_to_parent=True)
-    try:
-        yield cluster, state
-    finally:
-        cluster.down()
 
 
 def restart_apiserver(cluster: Cluster, state: ClusterState, down_seconds: float) -> None:

@@ -87,18 +87,17 @@ def test_nothing_is_silent_while_nothing_is_asked() -> None:
     assert credited == []
 
 
-@run
-async def test_an_expiry_whose_confirming_read_waited_through_a_silence_is_not_committed() -> None:
-    h = Harness(heard=True)
+async def expiry_in_a_silence(h: Harness) -> asyncio.Event:
+    """t0 held (3 s lease, renewed once); then the API server stops answering: a request
+    of ours waits from here on (in the operator, the elector's every 2 s), the holder
+    cannot renew, the lease ends on our clock and the confirming read waits too. Set
+    the returned gate to answer that read; 6 s of silence have passed by then."""
     h.worker("w1", "llm", lease_seconds=1000)
     h.task(task("t0").requires("llm").lease(3).backoff(initial=0))
     await h.advance(0.5)
     h.renew("t0")
     await h.settle()
     assert h.phase("t0") == "Running"
-    # The API server stops answering: a request of ours waits from here on (in the
-    # operator, the leader's renewal every 2 s), the holder cannot renew, the lease ends
-    # on our clock, and the confirming read waits too.
     h.clock.advance(0.5)
     h.silence.sent()
     gate = asyncio.Event()
@@ -109,6 +108,13 @@ async def test_an_expiry_whose_confirming_read_waited_through_a_silence_is_not_c
         await asyncio.sleep(0)
     assert h.kube.calls["get_lease"] >= 1, "the expiry was judged and its read sent"
     h.clock.advance(3)
+    return gate
+
+
+@run
+async def test_an_expiry_whose_confirming_read_waited_through_a_silence_is_not_committed() -> None:
+    h = Harness(heard=True)
+    gate = await expiry_in_a_silence(h)
     gate.set()  # it answers again: the read first (the Lease unchanged) ...
     for _ in range(50):
         await asyncio.sleep(0)
@@ -122,20 +128,7 @@ async def test_an_expiry_whose_confirming_read_waited_through_a_silence_is_not_c
 @run
 async def test_a_claim_whose_holder_died_is_still_reclaimed_after_a_silence() -> None:
     h = Harness(heard=True)
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t0").requires("llm").lease(3).backoff(initial=0))
-    await h.advance(0.5)
-    h.renew("t0")
-    await h.settle()
-    h.clock.advance(0.5)
-    h.silence.sent()  # as above: the API server stops answering
-    gate = asyncio.Event()
-    h.kube.inject("get_lease", Held(gate))
-    h.clock.advance(3)
-    for _ in range(50):
-        h.controller.step()
-        await asyncio.sleep(0)
-    h.clock.advance(3)
+    gate = await expiry_in_a_silence(h)
     gate.set()
     h.silence.answered()
     await h.settle()
