@@ -45,7 +45,14 @@ class Reply:
 
 
 class KubeError(RuntimeError):
-    """A call whose outcome is unknown (timeout, connection lost, 5xx, throttled)."""
+    """A call whose outcome is unknown (timeout, connection lost, 5xx, throttled).
+
+    ``code``: the HTTP status when the API server answered at all (None for a timeout or
+    a lost connection)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class NotLeading(KubeError):
@@ -114,4 +121,4 @@ def reply_for(code: int, body: Any, text: str) -> Reply:
         return Reply(Status.GONE, None, message)
     if code in (400, 413, 422) or "too large" in message:
         return Reply(Status.INVALID, None, message)
-    raise KubeError(f"HTTP {code}: {message}")
+    raise KubeError(f"HTTP {code}: {message}", code)

@@ -36,7 +36,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from agentq.clock import Clock
-from agentq.operator.port import Body, Kube, Reply
+from agentq.operator.port import Body, Kube, KubeError, Reply
 
 
 class ApiSilence:
@@ -92,6 +92,12 @@ class HeardKube:
         self.silence.sent()
         try:
             reply = await call
+        except KubeError as err:
+            if served(err.code):
+                self.silence.answered()  # refused (401, 403, ...), but by a serving server
+            else:
+                self.silence.unanswered()
+            raise
         except BaseException:
             self.silence.unanswered()
             raise
@@ -127,6 +133,13 @@ class HeardKube:
         await self.inner.close()
 
 
+def served(code: int | None) -> bool:
+    """Whether an HTTP status says the API server served the request: not a 5xx (it
+    could not, e.g. etcd is away) nor a 429 (it would not, and the holders' renewals
+    are throttled alike)."""
+    return code is not None and code < 500 and code != 429
+
+
 async def pulse(
     kube: Kube, namespace: str, name: str, stop: asyncio.Event, period: float = 2.0
 ) -> None:
@@ -140,4 +153,4 @@ async def pulse(
             await asyncio.wait_for(stop.wait(), timeout=period)
 
 
-__all__ = ["ApiSilence", "HeardKube", "pulse"]
+__all__ = ["ApiSilence", "HeardKube", "pulse", "served"]

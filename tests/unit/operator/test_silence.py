@@ -15,7 +15,8 @@ import pytest
 from agentq.claims import Readiness
 from agentq.clock import FakeClock
 from agentq.operator.fake import FakeKube, Held
-from agentq.operator.silence import ApiSilence, pulse
+from agentq.operator.port import KubeError
+from agentq.operator.silence import ApiSilence, HeardKube, pulse
 from builders import task
 from harness import Harness, run
 
@@ -170,3 +171,25 @@ async def test_pulse_asks_the_api_server_regularly_until_stopped() -> None:
     assert kube.calls["get_lease"] >= 3  # a 404 each time: as good an answer
     stop.set()
     await asyncio.wait_for(task, timeout=1)
+
+
+@run
+async def test_a_refusal_is_an_answer_and_a_5xx_or_a_timeout_is_not() -> None:
+    clock = FakeClock()
+    s = ApiSilence(clock, 2.0)
+    credited: list[float] = []
+    s.listen(credited.append)
+    kube = FakeKube()
+    heard = HeardKube(kube, s)
+    for outcome in (KubeError("HTTP 503: etcd away", 503), KubeError("timeout")):
+        kube.inject("get_lease", outcome)
+        with pytest.raises(KubeError):
+            await heard.get_lease("ns", "x")
+    clock.advance(5)
+    kube.inject("get_lease", KubeError("HTTP 403: forbidden", 403))
+    with pytest.raises(KubeError):
+        await heard.get_lease("ns", "x")  # served (refused): the silence ends here
+    assert credited == [pytest.approx(5)]
+    clock.advance(60)  # nothing asked meanwhile
+    await heard.get_lease("ns", "x")  # a 404 reply
+    assert credited == [pytest.approx(5)], "no silence after an answer, even a refusal"
