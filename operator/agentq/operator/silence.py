@@ -137,7 +137,7 @@ def served(code: int | None) -> bool:
     """Whether an HTTP status says the API server served the request: not a 5xx (it
     could not, e.g. etcd is away) nor a 429 (it would not, and the holders' renewals
     are throttled alike)."""
-    return code is not None and code < 500 and code != 429
+    return code is not None and 100 <= code < 500 and code != 429
 
 
 async def pulse(
