@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -155,6 +156,7 @@ class Controller:
         # Bumped each time every Lease is given time back (a stall of ours, a silence of
         # the API server): an expiry decided before that is decided again, not committed.
         self.credits = 0
+        self._given_until = -math.inf  # time up to which it was given back
         self._tombstones = Tombstones()
         # -- indexes
         self.schedulers: dict[str, Scheduler] = {}
@@ -554,22 +556,33 @@ class Controller:
 
     def note_api_silence(self, seconds: float) -> None:
         """The API server answered nothing for ``seconds`` while we waited (``silence``):
-        the holders could not renew either."""
+        the holders could not renew either. (A request out while this process itself was
+        stopped waited through that stop too: that part was given back as a stall.)"""
+        given = self._give_back(seconds, at_least=self.config.api_silence_seconds)
+        if not given:
+            return
         log.warning(
             "the API server answered nothing for %.1fs; that time is not counted against leases",
-            seconds,
+            given,
         )
-        metrics.API_SILENCE.inc(seconds)
+        metrics.API_SILENCE.inc(given)
         self.stats.api_silences += 1
-        self._give_back(seconds)
 
-    def _give_back(self, seconds: float) -> None:
-        """Every Lease (and grace period) gets ``seconds`` back. An expiry decided before
-        this and not yet committed is decided again (``credits`` moved)."""
+    def _give_back(self, seconds: float, *, at_least: float = 0.0) -> float:
+        """Every Lease (and grace period) gets back the last ``seconds``, less what was
+        given back already (a stall of ours and a silence of the API server may be the
+        same time, seen twice), if that is ``at_least``; returns what was given. An expiry
+        decided before this and not yet committed is decided again (``credits`` moved)."""
+        now = self.clock.monotonic()
+        given = now - max(now - seconds, self._given_until)
+        if given <= 0 or given < at_least:
+            return 0.0
+        self._given_until = now
         self.credits += 1
-        self.tracker.credit(seconds)
+        self.tracker.credit(given)
         for grace in self.grace.values():
-            grace.deadline += seconds
+            grace.deadline += given
+        return given
 
     def step(self) -> None:
         """One step: timers, dirty tasks, dispatch, worker status. Never waits on I/O."""

@@ -193,3 +193,24 @@ async def test_a_refusal_is_an_answer_and_a_5xx_or_a_timeout_is_not() -> None:
     clock.advance(60)  # nothing asked meanwhile
     await heard.get_lease("ns", "x")  # a 404 reply
     assert credited == [pytest.approx(5)], "no silence after an answer, even a refusal"
+
+
+@run
+async def test_a_stop_of_the_operator_itself_is_not_given_back_twice() -> None:
+    # A request out while this process was SIGSTOPped waited through the stop too: the
+    # watchdog gives the stop back as a stall, and the reply must not give it again.
+    h = Harness(heard=True)
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t0").requires("llm").lease(30))
+    await h.advance(0.5)
+    h.renew("t0")
+    await h.settle()
+    key = ("ns", "agentq-task-t0")
+    before = h.controller.tracker.expires_at(key)
+    assert before is not None
+    h.silence.sent()
+    h.clock.advance(10)
+    h.controller.note_stall(10)  # what the watchdog says when the process runs again
+    h.silence.answered()  # the reply, 10 s after it was asked for
+    assert h.controller.tracker.expires_at(key) == pytest.approx(before + 10, abs=0.01)
+    assert h.controller.stats.api_silences == 0
