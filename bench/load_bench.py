@@ -216,12 +216,17 @@ def install_crds(env: Env, variant: Variant | None = None) -> None:
             "crd/agentworkers.agentq.dev",
         ],
     ):
-        subprocess.run(
-            [env.kubectl, *args],
-            env={**os.environ, "KUBECONFIG": env.kubeconfig},
-            check=True,
-            capture_output=True,
-        )
+        kubectl(env, *args)
+
+
+def kubectl(env: Env, *args: str, check: bool = True) -> None:
+    """Run kubectl against the benchmark's control plane."""
+    subprocess.run(
+        [env.kubectl, *args],
+        env={**os.environ, "KUBECONFIG": env.kubeconfig},
+        check=check,
+        capture_output=True,
+    )
 
 
 @dataclass
@@ -590,21 +595,11 @@ async def request_costs(env: Env, count: int = 500, concurrency: int = 32) -> Re
     schema-less custom resource of the same content -- so the ceiling the raw Lease rate
     sets can be read against what a grant's writes really cost."""
     ns = await make_namespace(env)
-    crd = probe_crd()
     crd_path = env.workdir / "probe-crd.json"
-    crd_path.write_text(json.dumps(crd))
-    kubectl = [env.kubectl, "--kubeconfig", env.kubeconfig]
-    subprocess.run([*kubectl, "apply", "-f", str(crd_path)], check=True, capture_output=True)
-    subprocess.run(
-        [
-            *kubectl,
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            f"crd/probes.{PROBE_GROUP}",
-        ],
-        check=True,
-        capture_output=True,
+    crd_path.write_text(json.dumps(probe_crd()))
+    kubectl(env, "apply", "-f", str(crd_path))
+    kubectl(
+        env, "wait", "--for=condition=Established", "--timeout=60s", f"crd/probes.{PROBE_GROUP}"
     )
     rows: dict[str, dict[str, float]] = {}
     stamp = "2026-01-01T00:00:00Z"
@@ -747,11 +742,7 @@ async def request_costs(env: Env, count: int = 500, concurrency: int = 32) -> Re
         return Result("request-costs", {"rows": rows})
     finally:
         await drop_namespace(env, ns)
-        subprocess.run(
-            [*kubectl, "delete", "--ignore-not-found", "-f", str(crd_path)],
-            check=False,
-            capture_output=True,
-        )
+        kubectl(env, "delete", "--ignore-not-found", "-f", str(crd_path), check=False)
 
 
 def py_spy(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes] | None:

@@ -51,11 +51,21 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 @pytest.fixture(scope="module")
 def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, ClusterState]]:
-    """A control plane for one test module alone: for tests that restart or stop the API
-    server, which would disturb every other test on the shared one."""
+    """A control plane for one test module alone, the CRDs installed: for tests that
+    restart or stop the API server, which would disturb every other test on the shared
+    one."""
     cluster = Cluster(tmp_path_factory.mktemp("own-controlplane"))
     state = cluster.up(build=True, tie_to_parent=True)
     try:
+        install_crds(
+            ControlPlane(
+                kubeconfig=state.kubeconfig,
+                bin_dir=state.bin_dir,
+                server=state.server,
+                kubectl_path=state.binaries["kubectl"],
+                cluster=cluster,
+            )
+        )
         yield cluster, state
     finally:
         cluster.down()
@@ -73,17 +83,22 @@ def namespace(control_plane: ControlPlane) -> Iterator[str]:
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 
 
-@pytest.fixture(scope="session")
-def agentq_crds(control_plane: ControlPlane) -> None:
+def install_crds(plane: ControlPlane) -> None:
     """The AgentTask and AgentWorker CRDs, installed and Established."""
-    control_plane.kubectl("apply", "-f", str(CRD_DIR))
-    control_plane.kubectl(
+    plane.kubectl("apply", "-f", str(CRD_DIR))
+    plane.kubectl(
         "wait",
         "--for=condition=Established",
         "--timeout=60s",
         "crd/agenttasks.agentq.dev",
         "crd/agentworkers.agentq.dev",
     )
+
+
+@pytest.fixture(scope="session")
+def agentq_crds(control_plane: ControlPlane) -> None:
+    """The AgentTask and AgentWorker CRDs, installed and Established."""
+    install_crds(control_plane)
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,6 @@ from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
 from fleet import Fleet
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
-
 
 @pytest.mark.parametrize(
     ("freeze", "flags"),
@@ -43,14 +41,6 @@ def test_a_frozen_api_server_reclaims_no_healthy_claim_and_still_the_dead_ones(
         namespace=namespace,
         workdir=tmp_path,
         kubectl=state.binaries["kubectl"],
-    )
-    fleet.kubectl("apply", "-f", str(CRD_DIR))
-    fleet.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/agenttasks.agentq.dev",
-        "crd/agentworkers.agentq.dev",
     )
     fleet.kubectl("create", "namespace", namespace)
     try:

@@ -20,8 +20,6 @@ from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
 from fleet import Fleet
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
-
 
 def restart_apiserver(cluster: Cluster, state: ClusterState, down_seconds: float) -> None:
     """Stop kube-apiserver (SIGTERM, by pid; SIGKILL after 10 s), wait ``down_seconds``,
@@ -74,15 +72,6 @@ def test_the_sidecar_rides_out_an_api_server_restart(
 ) -> None:
     cluster, state = own_cluster
     namespace = f"restart-{uuid.uuid4().hex[:6]}"
-    kubectl(state, "apply", "-f", str(CRD_DIR))
-    kubectl(
-        state,
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/agenttasks.agentq.dev",
-        "crd/agentworkers.agentq.dev",
-    )
     kubectl(state, "create", "namespace", namespace)
     fleet = Fleet(
         kubeconfig=state.kubeconfig,

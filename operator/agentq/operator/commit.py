@@ -62,7 +62,7 @@ class Committer:
         self._deleting: set[Key] = set()  # Leases whose delete is on its way
 
     async def apply(
-        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int = 0
+        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int
     ) -> None:
         """``credits``: ``Controller.credits`` when the decision was made."""
         c = self.c

@@ -47,7 +47,6 @@ class ApiSilence:
         self.threshold = threshold
         self.waiting = 0  # requests out without a reply
         self.since: float | None = None  # nothing heard since then while we waited
-        self.credited_until = float("-inf")
         self._listeners: list[Callable[[float], None]] = []
 
     def listen(self, listener: Callable[[float], None]) -> None:
@@ -73,10 +72,9 @@ class ApiSilence:
         if self.since is None:
             return
         now = self.clock.monotonic()
-        silent = now - max(self.since, self.credited_until)
-        self.since = now if self.waiting else None
+        silent = now - self.since
+        self.since = now if self.waiting else None  # a silence never counts twice
         if silent >= self.threshold:
-            self.credited_until = now
             for listener in self._listeners:
                 listener(silent)
 

@@ -175,10 +175,7 @@ async def test_pulse_asks_the_api_server_regularly_until_stopped() -> None:
 
 @run
 async def test_a_refusal_is_an_answer_and_a_5xx_or_a_timeout_is_not() -> None:
-    clock = FakeClock()
-    s = ApiSilence(clock, 2.0)
-    credited: list[float] = []
-    s.listen(credited.append)
+    s, clock, credited = silence()
     kube = FakeKube()
     heard = HeardKube(kube, s)
     for outcome in (KubeError("HTTP 503: etcd away", 503), KubeError("timeout")):
