@@ -401,3 +401,27 @@ def test_tokens_are_never_reused_for_a_task_name_across_delete_and_recreate(
     assert status(fleet, "job")["phase"] in ("Assigned", "Running")
     assert "result" not in status(fleet, "job")
     zombie.signal(signal.SIGCONT)
+
+
+def test_a_workers_lease_seen_before_the_worker_still_goes_stale(fleet: Fleet) -> None:
+    """The operator's Lease and AgentWorker watches are separate: a worker Lease seen
+    before its AgentWorker set no staleness timer, and a sidecar that died before its
+    next renewal left the worker Ready for good (a CI run: 40 s, still LeaseRenewed)."""
+    pod = fleet.agent("late", "hold", worker_lease_seconds=6)
+    pod.wait_serving()
+    fleet.operator()
+    lease = protocol.worker_lease_name("late")
+    deadline = time.monotonic() + 20
+    while not fleet.leases.list_namespaced_lease(
+        fleet.namespace, field_selector=f"metadata.name={lease}"
+    ).items:
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.2)
+    time.sleep(1.0)  # the operator has seen the Lease by now
+    pod.signal(signal.SIGSTOP)  # no renewal after the AgentWorker appears
+    fleet.add_worker(worker("late").capabilities("llm"))
+    wait_ready_reason(fleet, "late", "LeaseRenewed", timeout=5)
+    got = wait_ready_reason(fleet, "late", "LeaseStale", timeout=15)
+    assert "agentq-worker-late" in got["message"]
+    assert fleet.worker("late")["status"]["phase"] == "NotReady"
+    pod.signal(signal.SIGCONT)

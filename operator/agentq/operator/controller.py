@@ -294,11 +294,7 @@ class Controller:
         assert lease is not None
         if lease.kind == protocol.LEASE_KIND_WORKER:
             worker = (lease.namespace, lease.subject)
-            if worker in self.workers:
-                self.ready.evaluate(worker)
-                expires = self.tracker.expires_at(lease.key)
-                if expires is not None and new is not None:
-                    self.push_timer(expires, (TIMER_WORKER, worker))
+            self.ready.evaluate(worker)  # and looked at again when it would go stale
             return
         task_key = (lease.namespace, lease.subject)
         task = self.tasks.get(task_key)
@@ -658,12 +654,7 @@ class Controller:
             elif kind == TIMER_PUBLISH:
                 self.publisher.timer(key, now)
             elif kind == TIMER_WORKER:
-                self.ready.evaluate(key)
-                lease_key = (key[0], protocol.worker_lease_name(key[1]))
-                lease = self.leases.get(lease_key)
-                expires = self.tracker.expires_at(lease_key)
-                if lease is not None and expires is not None and expires > now:
-                    self.push_timer(expires, what)
+                self.ready.evaluate(key)  # renewed since: pushes the timer for the new expiry
 
     def _next_deadline(self, task: TaskView, now: float) -> float | None:
         """The earliest time the claim needs a decision: its Lease's expiry, the end of its
@@ -913,11 +904,7 @@ class Controller:
                 if task.pending and task.status.not_before is not None:
                     self._index_task(task, task)  # re-arm its backoff timer
             for key in self.workers:
-                self.ready.evaluate(key)
-                lease_key = (key[0], protocol.worker_lease_name(key[1]))
-                expires = self.tracker.expires_at(lease_key)
-                if expires is not None:
-                    self.push_timer(expires, (TIMER_WORKER, key))
+                self.ready.evaluate(key)  # with its staleness timer
             self._last_resync = self.clock.monotonic()
             if self.catch_up is not None:
                 self.caught_up = False

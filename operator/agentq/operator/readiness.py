@@ -6,7 +6,8 @@ what is missing: no Lease, a Lease without the label the watch selects on (found
 by a direct read, ``_diagnose``, at most every ``DIAGNOSE_SECONDS``), released,
 stale, or a claim of it expired and its Lease was not renewed since (suspect).
 A change of readiness is published at once and applied to the core (a worker
-that is not ready earns no credit and gets no task).
+that is not ready earns no credit and gets no task). Every evaluation of a
+worker whose Lease is fresh sets a timer for when it would go stale.
 """
 
 from __future__ import annotations
@@ -77,6 +78,12 @@ class WorkerReadiness:
         )
         if ready[0] is Readiness.LEASE_MISSING:
             self._maybe_diagnose(key)
+        expires = c.tracker.expires_at(lease_key) if lease is not None else None
+        if expires is not None and expires > now:
+            # Looked at again when it would go stale. Here, not where the Lease's event is
+            # handled: the Lease may be seen before its worker (two watches), and a timer
+            # set for neither left a worker whose sidecar died Ready for good.
+            c.push_timer(expires, (TIMER_WORKER, key))
         if self.of.get(key) != ready or spec_changed:
             self.of[key] = ready
             c.publisher.mark(key, urgent=True)
