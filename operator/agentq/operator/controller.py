@@ -901,8 +901,10 @@ class Controller:
                 self.publisher.mark(key, urgent=True)
             self.dirty.update(self.tasks)
             for task in self.tasks.values():
-                if task.pending and task.status.not_before is not None:
-                    self._index_task(task, task)  # re-arm its backoff timer
+                if task.pending:
+                    # Back in the queue (a grant cancelled with the lead had taken it off),
+                    # its backoff timer re-armed.
+                    self._index_task(task, task)
             for key in self.workers:
                 self.ready.evaluate(key)  # with its staleness timer
             self._last_resync = self.clock.monotonic()

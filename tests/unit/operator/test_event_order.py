@@ -1,0 +1,44 @@
+"""State the controller sets up on one path only, or for one order of events only.
+
+The family of 048444c (a worker Lease seen before its AgentWorker set no staleness
+timer): the operator's watches deliver in any order, a write can end in several
+ways (done, lost race, unknown outcome, not sent, cancelled with the lead), and
+each path must leave the task or worker where some later step looks at it again.
+Each test here failed on the controller as it was; found by reviewing the
+controller for that family.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from agentq.operator.fake import Hang
+from builders import task
+from harness import Harness, run
+
+
+async def grant_in_flight(h: Harness) -> None:
+    """Step until a grant is in flight (the first step reserves a block of tokens)."""
+    for _ in range(10):
+        h.controller.step()
+        await asyncio.sleep(0.001)
+        if h.controller.dispatcher.grants:
+            return
+    raise AssertionError("no grant in flight")
+
+
+@run
+async def test_a_grant_cancelled_with_the_lead_is_dispatched_when_the_lead_comes_back() -> None:
+    """Losing the lead cancels the grants in flight; a grant cancelled before its status
+    write had taken its task off the pending queue, and nothing put it back: once this
+    replica led again the task stayed Pending for good (until an event about it)."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.kube.inject("patch_status", Hang(), when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await grant_in_flight(h)
+    h.controller.set_leading(False)
+    await asyncio.sleep(0.01)
+    h.controller.set_leading(True)
+    await h.settle()
+    assert h.phase("t") == "Assigned"
