@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from agentq.operator.fake import Hang
+from agentq.operator.port import KubeError
 from builders import task
 from harness import Harness, run
 
@@ -42,3 +43,20 @@ async def test_a_grant_cancelled_with_the_lead_is_dispatched_when_the_lead_comes
     h.controller.set_leading(True)
     await h.settle()
     assert h.phase("t") == "Assigned"
+
+
+@run
+async def test_a_grant_whose_status_write_never_arrived_is_dispatched_again() -> None:
+    """A grant's status write with an unknown outcome that did not happen (a timeout
+    before the API server had it): its task had been taken off the pending queue, and
+    only the path where the grant was not sent (``NotLeading``) put it back. The task
+    stayed Pending for good, re-decided every resync but never dispatched."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.kube.inject("patch_status", KubeError("timeout"), when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.controller.stats.unknown == 1 and h.phase("t") == "Pending"
+    await h.advance(2)
+    assert h.phase("t") == "Assigned"
+    assert h.controller.schedulers["ns"].worker_state("w1").in_flight == 1
