@@ -634,7 +634,12 @@ class Controller:
             del self._timer_due[what]
             if kind == TIMER_TASK:
                 task = self.tasks.get(key)
-                if task is None or not task.active:
+                if task is None:
+                    continue
+                if not task.active:
+                    # A retry after a write's unknown outcome (a requeue, an Unschedulable
+                    # condition, a Lease to delete): the task has no claim to time.
+                    self.dirty.add(key)
                     continue
                 due = self._next_deadline(task, now)
                 if due is not None and due > now:

@@ -11,11 +11,13 @@ controller for that family.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+from agentq import protocol
 from agentq.operator.fake import Hang
 from agentq.operator.port import KubeError
 from builders import task
-from harness import Harness, run
+from harness import NS, Harness, run
 
 
 async def grant_in_flight(h: Harness) -> None:
@@ -60,3 +62,29 @@ async def test_a_grant_whose_status_write_never_arrived_is_dispatched_again() ->
     await h.advance(2)
     assert h.phase("t") == "Assigned"
     assert h.controller.schedulers["ns"].worker_state("w1").in_flight == 1
+
+
+@run
+async def test_a_requeue_whose_write_had_an_unknown_outcome_is_tried_again() -> None:
+    """A decision whose write has an unknown outcome is looked at again RETRY_SECONDS
+    later by a task timer; that timer did nothing for a task without a claim (Held,
+    DeadLettered, Pending), so a requeue of a Held task whose write timed out was
+    never made (until the next resync or event), nor an Unschedulable condition."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm").lease(3).on_expiry("Hold"))
+    await h.settle()
+    h.renew("t")
+    await h.advance(3.5)
+    assert h.phase("t") == "Held"
+    h.renew_worker("w1")  # alive after all
+    h.kube.inject("patch_status", KubeError("timeout"), when=lambda a: a[0] == "agenttasks")
+
+    def requeue(body: dict[str, Any]) -> None:  # as `agentq requeue` does
+        body["metadata"].setdefault("annotations", {})[protocol.ANNOTATION_REQUEUE] = "again"
+
+    h.kube.edit("agenttasks", NS, "t", requeue)
+    await h.settle()
+    assert h.phase("t") == "Held" and h.controller.stats.unknown == 1
+    await h.advance(2)
+    assert h.phase("t") == "Assigned", h.status("t")
