@@ -158,6 +158,7 @@ class Controller:
         self.credits = 0
         self._given_until = -math.inf  # time up to which it was given back
         self._tombstones = Tombstones()
+        self._worker_tombstones = Tombstones()
         # -- indexes
         self.schedulers: dict[str, Scheduler] = {}
         self.queue = PendingQueue()
@@ -233,14 +234,18 @@ class Controller:
 
     def observe_worker(self, body: Body, *, deleted: bool = False) -> None:
         key = views.key_of(body)
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         old = self.workers.get(key)
         if deleted:
+            self._worker_tombstones.bury(key, rv)
             if old is not None:
                 self._forget_worker(old)
             return
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         if old is not None and not newer(rv, old.resource_version):
             return
+        if old is None and self._worker_tombstones.buried(key, rv):
+            return  # the reply to our status write, read after the worker was deleted
+        self._worker_tombstones.revive(key)
         view = views.worker_view(body)
         self.workers[key] = view
         caps = view.spec.capabilities if view.spec is not None else frozenset()

@@ -88,3 +88,27 @@ async def test_a_requeue_whose_write_had_an_unknown_outcome_is_tried_again() -> 
     assert h.phase("t") == "Held" and h.controller.stats.unknown == 1
     await h.advance(2)
     assert h.phase("t") == "Assigned", h.status("t")
+
+
+@run
+async def test_a_late_status_reply_does_not_bring_back_a_deleted_worker() -> None:
+    """The reply to a worker's status write can be read after the watch has shown the
+    worker deleted. Tasks have tombstones for that; workers had none, and the reply
+    put the deleted worker back in the cache for good: while its pod's sidecar still
+    renewed the Lease it was Ready and given tasks, and after that it went on offering
+    its capabilities (no Unschedulable condition for tasks only it could take)."""
+    h = Harness()
+
+    def delete_after_the_write(plural: str, kind: str, body: dict[str, Any]) -> None:
+        if plural == "agentworkers" and kind == "MODIFIED" and h.kube.get(plural, NS, "w"):
+            h.kube.remove("agentworkers", NS, "w")  # seen before the write's reply
+
+    h.kube.subscribe(delete_after_the_write)
+    h.worker("w", "llm", lease_seconds=1000)
+    await h.settle()  # Ready: its status is written, and the worker deleted
+    assert h.kube.get("agentworkers", NS, "w") is None
+    assert (NS, "w") not in h.controller.workers
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    assert (h.condition("t", "Unschedulable") or {}).get("status") == "True"
