@@ -472,7 +472,12 @@ class Controller:
 
     def _coverage_changed(self, namespace: str) -> None:
         """The capability sets offered in ``namespace`` changed: re-judge Unschedulable."""
-        for required in list(self.queue.sets(namespace)):
+        queued = self.queue.sets(namespace)
+        for key in [k for k in self.uncovered if k[0] == namespace and k[1] not in queued]:
+            # No task waits for this set now: judged afresh when one does (``missing``),
+            # not from before this change.
+            del self.uncovered[key]
+        for required in list(queued):
             self._recheck_coverage(namespace, required)
 
     def _recheck_coverage(self, namespace: str, required: frozenset[str]) -> None:

@@ -112,3 +112,40 @@ async def test_a_late_status_reply_does_not_bring_back_a_deleted_worker() -> Non
     await h.settle()
     assert h.phase("t") == "Pending"
     assert (h.condition("t", "Unschedulable") or {}).get("status") == "True"
+
+
+@run
+async def test_a_task_needing_what_only_a_deleted_worker_offered_is_unschedulable() -> None:
+    """Whether a capability set is offered is remembered per set and judged again when
+    the workers change -- but only for sets with a task in the queue at that moment.
+    A set whose tasks had all been dispatched kept "offered" after its only worker was
+    deleted, and the next task needing it waited with no Unschedulable condition."""
+    h = Harness()
+    h.worker("w", "gpu", lease_seconds=1000)
+    h.task(task("t1").requires("gpu"))
+    await h.settle()
+    assert h.phase("t1") == "Assigned"
+    h.kube.remove("agentworkers", NS, "w")  # decommissioned
+    await h.settle()
+    h.task(task("t2").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t2", "Unschedulable") or {}).get("status") == "True"
+
+
+@run
+async def test_a_task_needing_what_a_newer_worker_offers_is_not_unschedulable() -> None:
+    """The other way round: a set judged "not offered" while its tasks waited, and left
+    by them (deleted) before the namespace's first worker offering it arrived, kept
+    "not offered": the next task needing it was called Unschedulable ("no AgentWorker
+    in namespace yet") while that worker existed."""
+    h = Harness()
+    h.task(task("t1").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t1", "Unschedulable") or {}).get("status") == "True"
+    h.delete_task("t1")
+    await h.settle()
+    h.worker("w", "gpu", lease=False)  # offers gpu; not Ready yet
+    await h.settle()
+    h.task(task("t2").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t2", "Unschedulable") or {}).get("status") != "True"
