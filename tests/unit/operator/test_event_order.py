@@ -11,6 +11,7 @@ controller for that family.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from agentq import protocol
@@ -149,3 +150,32 @@ async def test_a_task_needing_what_a_newer_worker_offers_is_not_unschedulable() 
     h.task(task("t2").requires("gpu"))
     await h.settle()
     assert (h.condition("t2", "Unschedulable") or {}).get("status") != "True"
+
+
+@run
+async def test_a_worker_whose_spec_becomes_unreadable_says_so_and_comes_back() -> None:
+    """A worker whose spec the operator cannot read leaves the scheduling core, and the
+    publisher wrote the status only of workers in the core: its Ready condition went on
+    saying LeaseRenewed (phase Ready) while it got no task, never Unprocessable."""
+    h = Harness()
+    h.worker("w", "llm", lease_seconds=1000)
+    await h.settle()
+    assert h.worker_status("w")["phase"] == "Ready"
+
+    def spec(value: object) -> Callable[[dict[str, Any]], None]:
+        return lambda body: body["spec"].__setitem__("maxInFlight", value)
+
+    # Refused by this version's CRD, not by every CRD the operator may run with.
+    h.kube.edit("agentworkers", NS, "w", spec("lots"))
+    await h.settle()
+    status = h.worker_status("w")
+    assert status["phase"] == "NotReady"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Unprocessable" and "maxInFlight" in ready["message"], ready
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    h.kube.edit("agentworkers", NS, "w", spec(2))
+    await h.settle()
+    assert h.worker_status("w")["phase"] == "Ready"
+    assert h.phase("t") == "Assigned"
