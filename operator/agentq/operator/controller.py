@@ -762,6 +762,7 @@ class Controller:
                 continue
             until = self.unwritable.get(key)
             if until is not None and self.clock.monotonic() < until:
+                self.push_timer(until, (TIMER_TASK, key))  # decided again when it ends
                 continue
             self.stats.decisions += 1
             lease = self.leases.get(self.task_lease_key(task))

@@ -9,7 +9,8 @@ avoid set, ``claims.workers_to_avoid``).
 
 A grant is the status compare-and-swap (phase Assigned, worker, attempt, a new
 fencing token from ``TokenAllocator``), then the claim's Lease, then its Event.
-A lost race (409) or a refusal gives the decision back to the core (``abort``);
+A lost race (409) or a refusal gives the decision back to the core (``abort``),
+and a task whose writes are refused for good back to the queue when its pause ends;
 an unknown outcome leaves the core's load to follow what the task's status says,
 and the task back in the queue ``RETRY_SECONDS`` later if it is still pending. A
 grant that finds this replica no longer sure to lead when its turn to be sent
@@ -145,6 +146,9 @@ class Dispatcher:
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
                 await c.committer.refused_for_good(task, transition, reply.message)
+                until = c.unwritable.get(key)
+                if until is not None:  # left alone for a while: back in the queue after it
+                    c.push_timer(until, (TIMER_BACKOFF, key))
                 return
             if not reply.ok or reply.body is None:
                 scheduler.abort(assignment)

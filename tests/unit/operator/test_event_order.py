@@ -16,7 +16,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.operator.fake import Hang
-from agentq.operator.port import KubeError
+from agentq.operator.port import KubeError, Status
 from builders import task
 from harness import NS, Harness, run
 
@@ -179,3 +179,41 @@ async def test_a_worker_whose_spec_becomes_unreadable_says_so_and_comes_back() -
     await h.settle()
     assert h.worker_status("w")["phase"] == "Ready"
     assert h.phase("t") == "Assigned"
+
+
+@run
+async def test_a_pending_task_refused_for_good_is_dispatched_again_after_its_pause() -> None:
+    """A task whose status writes the API server refuses for good is left alone for
+    ``UNWRITABLE_SECONDS``. A grant refused that way had taken the task off the
+    pending queue and nothing put it back: the task stayed Pending for good, resync
+    or not."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    # The grant and the smaller write that says why are both refused (422).
+    h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    until = h.controller.unwritable[(NS, "t")]
+    await h.advance(350)  # a resync (every 300 s) on the way
+    await h.advance(until - h.clock.monotonic() + 0.5)
+    assert h.phase("t") == "Assigned", h.status("t")
+
+
+@run
+async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() -> None:
+    """The same pause for a claim set no timer for its end: the claim (here, its holder
+    died meanwhile) was judged again only at the next resync, up to 5 minutes late."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.task(task("t").requires("llm").lease(30))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
+    h.renew("t", progress="step 1")  # its copy into status is refused for good
+    await h.settle()
+    until = h.controller.unwritable[(NS, "t")]
+    await h.advance(350)  # a resync (every 300 s): still not to be written
+    await h.advance(until - h.clock.monotonic() + 0.5)  # the holder died long ago
+    assert h.phase("t") == "Pending", h.status("t")
