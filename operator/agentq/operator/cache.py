@@ -8,7 +8,7 @@
   renewal costs no heap operation; when an entry fires, the caller checks the
   current deadline and pushes a new entry if it moved.
 - ``Tombstones``: recently deleted objects by resourceVersion, bounded, so a late
-  write reply cannot resurrect a deleted task.
+  write reply cannot resurrect a deleted task or worker.
 - ``Dirty``: the tasks to decide again, first marked first decided: when more are
   marked than a step may decide (500 claims expiring in the same second), the
   earliest expiry is decided first instead of an arbitrary one.

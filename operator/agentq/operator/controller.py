@@ -158,6 +158,7 @@ class Controller:
         self.credits = 0
         self._given_until = -math.inf  # time up to which it was given back
         self._tombstones = Tombstones()
+        self._worker_tombstones = Tombstones()
         # -- indexes
         self.schedulers: dict[str, Scheduler] = {}
         self.queue = PendingQueue()
@@ -233,14 +234,18 @@ class Controller:
 
     def observe_worker(self, body: Body, *, deleted: bool = False) -> None:
         key = views.key_of(body)
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         old = self.workers.get(key)
         if deleted:
+            self._worker_tombstones.bury(key, rv)
             if old is not None:
                 self._forget_worker(old)
             return
-        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
         if old is not None and not newer(rv, old.resource_version):
             return
+        if old is None and self._worker_tombstones.buried(key, rv):
+            return  # the reply to our status write, read after the worker was deleted
+        self._worker_tombstones.revive(key)
         view = views.worker_view(body)
         self.workers[key] = view
         caps = view.spec.capabilities if view.spec is not None else frozenset()
@@ -467,7 +472,12 @@ class Controller:
 
     def _coverage_changed(self, namespace: str) -> None:
         """The capability sets offered in ``namespace`` changed: re-judge Unschedulable."""
-        for required in list(self.queue.sets(namespace)):
+        queued = self.queue.sets(namespace)
+        for key in [k for k in self.uncovered if k[0] == namespace and k[1] not in queued]:
+            # No task waits for this set now: judged afresh when one does (``missing``),
+            # not from before this change.
+            del self.uncovered[key]
+        for required in list(queued):
             self._recheck_coverage(namespace, required)
 
     def _recheck_coverage(self, namespace: str, required: frozenset[str]) -> None:
@@ -634,7 +644,12 @@ class Controller:
             del self._timer_due[what]
             if kind == TIMER_TASK:
                 task = self.tasks.get(key)
-                if task is None or not task.active:
+                if task is None:
+                    continue
+                if not task.active:
+                    # A retry after a write's unknown outcome (a requeue, an Unschedulable
+                    # condition, a Lease to delete): the task has no claim to time.
+                    self.dirty.add(key)
                     continue
                 due = self._next_deadline(task, now)
                 if due is not None and due > now:
@@ -747,6 +762,7 @@ class Controller:
                 continue
             until = self.unwritable.get(key)
             if until is not None and self.clock.monotonic() < until:
+                self.push_timer(until, (TIMER_TASK, key))  # decided again when it ends
                 continue
             self.stats.decisions += 1
             lease = self.leases.get(self.task_lease_key(task))
@@ -901,8 +917,10 @@ class Controller:
                 self.publisher.mark(key, urgent=True)
             self.dirty.update(self.tasks)
             for task in self.tasks.values():
-                if task.pending and task.status.not_before is not None:
-                    self._index_task(task, task)  # re-arm its backoff timer
+                if task.pending:
+                    # Back in the queue (a grant cancelled with the lead had taken it off),
+                    # its backoff timer re-armed.
+                    self._index_task(task, task)
             for key in self.workers:
                 self.ready.evaluate(key)  # with its staleness timer
             self._last_resync = self.clock.monotonic()

@@ -9,8 +9,10 @@ avoid set, ``claims.workers_to_avoid``).
 
 A grant is the status compare-and-swap (phase Assigned, worker, attempt, a new
 fencing token from ``TokenAllocator``), then the claim's Lease, then its Event.
-A lost race (409) or a refusal gives the decision back to the core (``abort``);
-an unknown outcome leaves the core's load to follow what the task's status says. A
+A lost race (409) or a refusal gives the decision back to the core (``abort``),
+and a task whose writes are refused for good back to the queue when its pause ends;
+an unknown outcome leaves the core's load to follow what the task's status says,
+and the task back in the queue ``RETRY_SECONDS`` later if it is still pending. A
 grant that finds this replica no longer sure to lead when its turn to be sent
 comes (``Controller.call``) is not sent: the decision goes back to the core and
 the task back to the queue.
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentq import claims, lifecycle, protocol
 from agentq.operator import metrics
-from agentq.operator.cache import TIMER_TASK
+from agentq.operator.cache import TIMER_BACKOFF, TIMER_TASK
 from agentq.operator.commit import RETRY_SECONDS
 from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
@@ -144,6 +146,9 @@ class Dispatcher:
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
                 await c.committer.refused_for_good(task, transition, reply.message)
+                until = c.unwritable.get(key)
+                if until is not None:  # left alone for a while: back in the queue after it
+                    c.push_timer(until, (TIMER_BACKOFF, key))
                 return
             if not reply.ok or reply.body is None:
                 scheduler.abort(assignment)
@@ -175,6 +180,10 @@ class Dispatcher:
                 # Unknown outcome: if the grant was written, the watch may have shown it
                 # already (and will, if not): the core's load follows the task's status.
                 c.sync_load(key)
+                # If it was not, the task is still pending: back into the queue after a
+                # pause, as a retry's backoff (a written grant's event takes it out of the
+                # queue; a second grant on the old status would lose its CAS).
+                c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_BACKOFF, key))
             c.stats.unknown += 1
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
             c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))

@@ -169,21 +169,36 @@ class Publisher:
             self.urgent.discard(key)
             self.due.pop(key, None)
             worker = c.workers.get(key)
-            scheduler = c.schedulers.get(key[0])
-            if worker is None or scheduler is None or not scheduler.has_worker(key[1]):
+            if worker is None:
                 continue
-            state = scheduler.worker_state(key[1])
+            scheduler = c.schedulers.get(key[0])
             ready = c.ready.of.get(key, (Readiness.LEASE_MISSING, "no Lease seen yet"))
-            status = claims.worker_status(
-                worker,
-                ready,
-                in_flight=state.in_flight,
-                in_flight_cost=state.in_flight_cost,
-                served_cost=state.served_cost,
-                deficit=state.deficit,
-                tasks=state.tasks,
-                stamp=stamp,
-            )
+            if scheduler is not None and scheduler.has_worker(key[1]):
+                state = scheduler.worker_state(key[1])
+                status = claims.worker_status(
+                    worker,
+                    ready,
+                    in_flight=state.in_flight,
+                    in_flight_cost=state.in_flight_cost,
+                    served_cost=state.served_cost,
+                    deficit=state.deficit,
+                    tasks=state.tasks,
+                    stamp=stamp,
+                )
+            else:
+                # Not in the core (its spec is unreadable): its readiness says so all the
+                # same; its counts stay what its status says.
+                shown = worker.status
+                status = claims.worker_status(
+                    worker,
+                    ready,
+                    in_flight=shown.in_flight or 0,
+                    in_flight_cost=shown.in_flight_cost or 0.0,
+                    served_cost=shown.served_cost or 0.0,
+                    deficit=shown.deficit or 0.0,
+                    tasks=frozenset(shown.assigned_tasks or ()),
+                    stamp=stamp,
+                )
             same_ready = ready_condition(worker) == (ready[0].value, ready[1])
             counts = {k: v for k, v in status.items() if k not in ("deficit", "conditions")}
             if same_ready and claims.same_worker_status(worker.status, counts):

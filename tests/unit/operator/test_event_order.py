@@ -1,0 +1,219 @@
+"""State the controller sets up on one path only, or for one order of events only.
+
+The family of 048444c (a worker Lease seen before its AgentWorker set no staleness
+timer): the operator's watches deliver in any order, a write can end in several
+ways (done, lost race, unknown outcome, not sent, cancelled with the lead), and
+each path must leave the task or worker where some later step looks at it again.
+Each test here failed on the controller as it was; found by reviewing the
+controller for that family.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from agentq import protocol
+from agentq.operator.fake import Hang
+from agentq.operator.port import KubeError, Status
+from builders import task
+from harness import NS, Harness, run
+
+
+async def grant_in_flight(h: Harness) -> None:
+    """Step until a grant is in flight (the first step reserves a block of tokens)."""
+    for _ in range(10):
+        h.controller.step()
+        await asyncio.sleep(0.001)
+        if h.controller.dispatcher.grants:
+            return
+    raise AssertionError("no grant in flight")
+
+
+@run
+async def test_a_grant_cancelled_with_the_lead_is_dispatched_when_the_lead_comes_back() -> None:
+    """Losing the lead cancels the grants in flight; a grant cancelled before its status
+    write had taken its task off the pending queue, and nothing put it back: once this
+    replica led again the task stayed Pending for good (until an event about it)."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.kube.inject("patch_status", Hang(), when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await grant_in_flight(h)
+    h.controller.set_leading(False)
+    await asyncio.sleep(0.01)
+    h.controller.set_leading(True)
+    await h.settle()
+    assert h.phase("t") == "Assigned"
+
+
+@run
+async def test_a_grant_whose_status_write_never_arrived_is_dispatched_again() -> None:
+    """A grant's status write with an unknown outcome that did not happen (a timeout
+    before the API server had it): its task had been taken off the pending queue, and
+    only the path where the grant was not sent (``NotLeading``) put it back. The task
+    stayed Pending for good, re-decided every resync but never dispatched."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.kube.inject("patch_status", KubeError("timeout"), when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.controller.stats.unknown == 1 and h.phase("t") == "Pending"
+    await h.advance(2)
+    assert h.phase("t") == "Assigned"
+    assert h.controller.schedulers["ns"].worker_state("w1").in_flight == 1
+
+
+@run
+async def test_a_requeue_whose_write_had_an_unknown_outcome_is_tried_again() -> None:
+    """A decision whose write has an unknown outcome is looked at again RETRY_SECONDS
+    later by a task timer; that timer did nothing for a task without a claim (Held,
+    DeadLettered, Pending), so a requeue of a Held task whose write timed out was
+    never made (until the next resync or event), nor an Unschedulable condition."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm").lease(3).on_expiry("Hold"))
+    await h.settle()
+    h.renew("t")
+    await h.advance(3.5)
+    assert h.phase("t") == "Held"
+    h.renew_worker("w1")  # alive after all
+    h.kube.inject("patch_status", KubeError("timeout"), when=lambda a: a[0] == "agenttasks")
+
+    def requeue(body: dict[str, Any]) -> None:  # as `agentq requeue` does
+        body["metadata"].setdefault("annotations", {})[protocol.ANNOTATION_REQUEUE] = "again"
+
+    h.kube.edit("agenttasks", NS, "t", requeue)
+    await h.settle()
+    assert h.phase("t") == "Held" and h.controller.stats.unknown == 1
+    await h.advance(2)
+    assert h.phase("t") == "Assigned", h.status("t")
+
+
+@run
+async def test_a_late_status_reply_does_not_bring_back_a_deleted_worker() -> None:
+    """The reply to a worker's status write can be read after the watch has shown the
+    worker deleted. Tasks have tombstones for that; workers had none, and the reply
+    put the deleted worker back in the cache for good: while its pod's sidecar still
+    renewed the Lease it was Ready and given tasks, and after that it went on offering
+    its capabilities (no Unschedulable condition for tasks only it could take)."""
+    h = Harness()
+
+    def delete_after_the_write(plural: str, kind: str, body: dict[str, Any]) -> None:
+        if plural == "agentworkers" and kind == "MODIFIED" and h.kube.get(plural, NS, "w"):
+            h.kube.remove("agentworkers", NS, "w")  # seen before the write's reply
+
+    h.kube.subscribe(delete_after_the_write)
+    h.worker("w", "llm", lease_seconds=1000)
+    await h.settle()  # Ready: its status is written, and the worker deleted
+    assert h.kube.get("agentworkers", NS, "w") is None
+    assert (NS, "w") not in h.controller.workers
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    assert (h.condition("t", "Unschedulable") or {}).get("status") == "True"
+
+
+@run
+async def test_a_task_needing_what_only_a_deleted_worker_offered_is_unschedulable() -> None:
+    """Whether a capability set is offered is remembered per set and judged again when
+    the workers change -- but only for sets with a task in the queue at that moment.
+    A set whose tasks had all been dispatched kept "offered" after its only worker was
+    deleted, and the next task needing it waited with no Unschedulable condition."""
+    h = Harness()
+    h.worker("w", "gpu", lease_seconds=1000)
+    h.task(task("t1").requires("gpu"))
+    await h.settle()
+    assert h.phase("t1") == "Assigned"
+    h.kube.remove("agentworkers", NS, "w")  # decommissioned
+    await h.settle()
+    h.task(task("t2").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t2", "Unschedulable") or {}).get("status") == "True"
+
+
+@run
+async def test_a_task_needing_what_a_newer_worker_offers_is_not_unschedulable() -> None:
+    """The other way round: a set judged "not offered" while its tasks waited, and left
+    by them (deleted) before the namespace's first worker offering it arrived, kept
+    "not offered": the next task needing it was called Unschedulable ("no AgentWorker
+    in namespace yet") while that worker existed."""
+    h = Harness()
+    h.task(task("t1").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t1", "Unschedulable") or {}).get("status") == "True"
+    h.delete_task("t1")
+    await h.settle()
+    h.worker("w", "gpu", lease=False)  # offers gpu; not Ready yet
+    await h.settle()
+    h.task(task("t2").requires("gpu"))
+    await h.settle()
+    assert (h.condition("t2", "Unschedulable") or {}).get("status") != "True"
+
+
+@run
+async def test_a_worker_whose_spec_becomes_unreadable_says_so_and_comes_back() -> None:
+    """A worker whose spec the operator cannot read leaves the scheduling core, and the
+    publisher wrote the status only of workers in the core: its Ready condition went on
+    saying LeaseRenewed (phase Ready) while it got no task, never Unprocessable."""
+    h = Harness()
+    h.worker("w", "llm", lease_seconds=1000)
+    await h.settle()
+    assert h.worker_status("w")["phase"] == "Ready"
+
+    def spec(value: object) -> Callable[[dict[str, Any]], None]:
+        return lambda body: body["spec"].__setitem__("maxInFlight", value)
+
+    # Refused by this version's CRD, not by every CRD the operator may run with.
+    h.kube.edit("agentworkers", NS, "w", spec("lots"))
+    await h.settle()
+    status = h.worker_status("w")
+    assert status["phase"] == "NotReady"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "Unprocessable" and "maxInFlight" in ready["message"], ready
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    h.kube.edit("agentworkers", NS, "w", spec(2))
+    await h.settle()
+    assert h.worker_status("w")["phase"] == "Ready"
+    assert h.phase("t") == "Assigned"
+
+
+@run
+async def test_a_pending_task_refused_for_good_is_dispatched_again_after_its_pause() -> None:
+    """A task whose status writes the API server refuses for good is left alone for
+    ``UNWRITABLE_SECONDS``. A grant refused that way had taken the task off the
+    pending queue and nothing put it back: the task stayed Pending for good, resync
+    or not."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    # The grant and the smaller write that says why are both refused (422).
+    h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Pending"
+    until = h.controller.unwritable[(NS, "t")]
+    await h.advance(350)  # a resync (every 300 s) on the way
+    await h.advance(until - h.clock.monotonic() + 0.5)
+    assert h.phase("t") == "Assigned", h.status("t")
+
+
+@run
+async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() -> None:
+    """The same pause for a claim set no timer for its end: the claim (here, its holder
+    died meanwhile) was judged again only at the next resync, up to 5 minutes late."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.task(task("t").requires("llm").lease(30))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
+    h.renew("t", progress="step 1")  # its copy into status is refused for good
+    await h.settle()
+    until = h.controller.unwritable[(NS, "t")]
+    await h.advance(350)  # a resync (every 300 s): still not to be written
+    await h.advance(until - h.clock.monotonic() + 0.5)  # the holder died long ago
+    assert h.phase("t") == "Pending", h.status("t")
