@@ -36,6 +36,7 @@ from agentq.operator import metrics
 from agentq.operator.cache import TIMER_PUBLISH, Key
 from agentq.operator.commit import RETRY_SECONDS
 from agentq.operator.port import KubeError, Reply, Status
+from agentq.scheduler import WorkerState
 from agentq.views import WorkerView
 
 if TYPE_CHECKING:
@@ -175,30 +176,18 @@ class Publisher:
             ready = c.ready.of.get(key, (Readiness.LEASE_MISSING, "no Lease seen yet"))
             if scheduler is not None and scheduler.has_worker(key[1]):
                 state = scheduler.worker_state(key[1])
-                status = claims.worker_status(
-                    worker,
-                    ready,
-                    in_flight=state.in_flight,
-                    in_flight_cost=state.in_flight_cost,
-                    served_cost=state.served_cost,
-                    deficit=state.deficit,
-                    tasks=state.tasks,
-                    stamp=stamp,
-                )
             else:
-                # Not in the core (its spec is unreadable): its readiness says so all the
-                # same; its counts stay what its status says.
-                shown = worker.status
-                status = claims.worker_status(
-                    worker,
-                    ready,
-                    in_flight=shown.in_flight or 0,
-                    in_flight_cost=shown.in_flight_cost or 0.0,
-                    served_cost=shown.served_cost or 0.0,
-                    deficit=shown.deficit or 0.0,
-                    tasks=frozenset(shown.assigned_tasks or ()),
-                    stamp=stamp,
-                )
+                state = shown_counts(worker)  # not in the core: its spec is unreadable
+            status = claims.worker_status(
+                worker,
+                ready,
+                in_flight=state.in_flight,
+                in_flight_cost=state.in_flight_cost,
+                served_cost=state.served_cost,
+                deficit=state.deficit,
+                tasks=state.tasks,
+                stamp=stamp,
+            )
             same_ready = ready_condition(worker) == (ready[0].value, ready[1])
             counts = {k: v for k, v in status.items() if k not in ("deficit", "conditions")}
             if same_ready and claims.same_worker_status(worker.status, counts):
@@ -294,6 +283,19 @@ class Publisher:
             metrics.WORKER_READY.labels(*key).set(
                 1 if ready is not None and ready[0] is Readiness.READY else 0
             )
+
+
+def shown_counts(worker: WorkerView) -> WorkerState:
+    """The counts a worker's status shows, for a worker the core does not hold (its
+    readiness is written all the same; its counts stay what they were)."""
+    shown = worker.status
+    return WorkerState(
+        deficit=shown.deficit or 0.0,
+        in_flight=shown.in_flight or 0,
+        in_flight_cost=shown.in_flight_cost or 0.0,
+        served_cost=shown.served_cost or 0.0,
+        tasks=frozenset(shown.assigned_tasks or ()),
+    )
 
 
 def ready_condition(worker: WorkerView) -> tuple[str, str] | None:
