@@ -53,6 +53,8 @@ class WorkerReadiness:
 
     def expired_claim(self, key: Key, since: float) -> None:
         """A claim ``key`` held expired: no new task until its Lease is renewed again."""
+        if key not in self.c.workers:
+            return  # deleted while the expiry was being written: nothing to remember
         self.suspect.setdefault(key, since)
         self.evaluate(key)
 

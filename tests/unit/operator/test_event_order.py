@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentq import protocol
-from agentq.operator.fake import Hang
+from agentq.operator.fake import Hang, Held
 from agentq.operator.port import KubeError, Status
 from builders import task
 from harness import NS, Harness, run
@@ -217,3 +217,27 @@ async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() ->
     await h.advance(350)  # a resync (every 300 s): still not to be written
     await h.advance(until - h.clock.monotonic() + 0.5)  # the holder died long ago
     assert h.phase("t") == "Pending", h.status("t")
+
+
+@run
+async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothing_behind() -> None:
+    """A claim's expiry marks its worker suspect when the write is done; a worker deleted
+    while that write was in flight was remembered as suspect for good (a leak per
+    deleted worker)."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm").lease(3))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    gate = asyncio.Event()
+    h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agenttasks")
+    h.clock.advance(3.5)  # the holder is dead: the expiry is decided, its write held
+    for _ in range(20):
+        h.controller.step()
+        await asyncio.sleep(0)
+    h.kube.remove("agentworkers", NS, "w1")
+    gate.set()
+    await h.settle()
+    assert h.status("t").get("reclaims") == 1
+    assert (NS, "w1") not in h.controller.ready.suspect
