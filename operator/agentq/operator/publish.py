@@ -270,19 +270,21 @@ class Publisher:
         c = self.c
         moved, self.moved = self.moved, set()
         for key in moved:
+            if key not in c.workers:
+                continue
+            ready = c.ready.of.get(key)
+            metrics.WORKER_READY.labels(*key).set(
+                1 if ready is not None and ready[0] is Readiness.READY else 0
+            )
             scheduler = c.schedulers.get(key[0])
             if scheduler is None or not scheduler.has_worker(key[1]):
-                continue
+                continue  # not in the core (its spec is unreadable): readiness only
             state = scheduler.worker_state(key[1])
-            ready = c.ready.of.get(key)
             deficit = state.deficit
             if not math.isfinite(deficit):  # a denormal weight (as in the status)
                 deficit = 0.0 if math.isnan(deficit) else math.copysign(1e300, deficit)
             metrics.WORKER_DEFICIT.labels(*key).set(deficit)
             metrics.WORKER_IN_FLIGHT.labels(*key).set(state.in_flight)
-            metrics.WORKER_READY.labels(*key).set(
-                1 if ready is not None and ready[0] is Readiness.READY else 0
-            )
 
 
 def shown_counts(worker: WorkerView) -> WorkerState:

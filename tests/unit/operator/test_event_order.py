@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentq import protocol
+from agentq.operator import metrics
 from agentq.operator.fake import Hang, Held
 from agentq.operator.port import KubeError, Status
 from builders import task
@@ -172,6 +173,13 @@ async def test_a_worker_whose_spec_becomes_unreadable_says_so_and_comes_back() -
     assert status["phase"] == "NotReady"
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "Unprocessable" and "maxInFlight" in ready["message"], ready
+    await h.advance(1.1)  # the gauges follow within a second
+    ready_gauge = {
+        (s.labels["namespace"], s.labels["worker"]): s.value
+        for m in metrics.WORKER_READY.collect()
+        for s in m.samples
+    }
+    assert ready_gauge[(NS, "w")] == 0, ready_gauge
     h.task(task("t").requires("llm"))
     await h.settle()
     assert h.phase("t") == "Pending"
