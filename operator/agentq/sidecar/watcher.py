@@ -160,16 +160,17 @@ class TaskLeaseWatcher:
         while self.attempts.current.get(attempt.task) is attempt:
             try:
                 task = await self.api.request("GET", path, resource="agenttasks")
+                self._activate(attempt, task)
+                return
             except ApiError as err:
                 if err.status == 404:
                     self.attempts.drop(attempt, f"task {attempt.task} does not exist")
                     self.changes.notify()
                     return
                 log.warning("reading task %s: %s; retrying", attempt.task, err)
-                await asyncio.sleep(backoff.next())
-                continue
-            self._activate(attempt, task)
-            return
+            except Exception:  # this task's end is unobserved: never leave the attempt pending
+                log.exception("reading task %s failed; retrying", attempt.task)
+            await asyncio.sleep(backoff.next())
 
     def _activate(self, attempt: Attempt, task: Body) -> None:
         spec = task.get("spec") or {}

@@ -267,3 +267,53 @@ async def test_a_report_posted_before_the_sidecar_knows_its_attempts_is_asked_ag
         assert sent.status == 404
     finally:
         await client.close()
+
+
+@run
+async def test_a_renewal_that_raises_unexpectedly_is_retried_after_a_pause() -> None:
+    """A renewal that raised anything but an ApiError (a credential refresh that failed,
+    say) ended its task with the exception unobserved and no retry time: the loop
+    scheduled it again at once, a busy loop of API requests for as long as the cause
+    lasted. It is a failed write: retried after the usual pause."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    attempt = sidecar.grant()
+    sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+    sidecar.api.fail("PUT", lease_path(NS), RuntimeError("token file unreadable"), times=1000)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.renewer.run(stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert sidecar.api.requests[("PUT", "leases")] == 1
+        sidecar.api.faults.clear()
+        sidecar.clock.advance(1.0)
+        sidecar.keeper.confirmed_at = sidecar.clock.monotonic()
+        sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+        sidecar.changes.notify()
+        await wait_for(lambda: attempt.renewed_at is not None)
+    finally:
+        stop.set()
+        sidecar.changes.notify()
+        await loop
+
+
+@run
+async def test_a_task_read_that_raises_unexpectedly_is_read_again() -> None:
+    """The read of a newly granted task runs in a task of its own; anything but an
+    ApiError ended it silently and the attempt stayed pending for good: never offered
+    to the agent, its lease ran out and the operator counted a reclaim."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease())
+    sidecar.api.fail("GET", TASK_PATH, RuntimeError("token file unreadable"))
+    stop = asyncio.Event()
+    sidecar.watcher.resume()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: [a.task for a in sidecar.attempts.listing()] == ["job"])
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
