@@ -17,12 +17,13 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentq import GROUP, VERSION, protocol
 from agentq.clock import FakeClock
 from agentq.sidecar.api import AgentApi
-from agentq.sidecar.attempts import Attempt, Attempts
+from agentq.sidecar.attempts import AgentError, Attempt, Attempts
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
 from agentq.sidecar.renewer import Renewer
@@ -317,3 +318,43 @@ async def test_a_task_read_that_raises_unexpectedly_is_read_again() -> None:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await sidecar.watcher.close()
+
+
+@run
+async def test_a_takeover_whose_write_had_an_unknown_outcome_does_not_serve_inherited_leases() -> (
+    None
+):
+    """Taking the worker Lease over from another pod serves only task Leases written
+    after the takeover: the other pod's agent may still work on the older ones with
+    the same fencing token. When the takeover's write timed out but happened, the next
+    round found this sidecar the holder and took that for a restart in the same pod
+    (adopt): the other pod's task Leases were served here too, two agents on one token."""
+    api = FakeApi()
+    worker_path = lease_path(NS, "agentq-worker-w")
+    api.put(
+        worker_path,
+        {
+            "metadata": {"name": "agentq-worker-w", "namespace": NS},
+            "spec": {"holderIdentity": "old-pod", "leaseDurationSeconds": 15},
+        },
+    )
+    inherited = api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+    sidecar = Sidecar(api, identity="new-pod")
+    await sidecar.keeper.step()
+    assert not sidecar.keeper.holding  # held by old-pod: wait out its duration
+    sidecar.clock.advance(16)
+    api.fail("PUT", worker_path, ApiError(0, "timeout"), applied=True)
+    with pytest.raises(ApiError):
+        await sidecar.keeper.step()
+    await sidecar.keeper.step()
+    assert sidecar.keeper.holding
+    now = sidecar.clock.monotonic()
+    assert (
+        sidecar.attempts.resync([inherited], now, serve_from_rv=sidecar.keeper.serve_from_rv) == []
+    )
+    with pytest.raises(AgentError) as told:
+        sidecar.attempts.find("job", 5)
+    assert "took the worker Lease over" in told.value.message
+    # Granted again after the takeover (a new token): served here.
+    granted = api.put(lease_path(NS, "agentq-task-job"), task_lease(token=6))
+    assert sidecar.attempts.observe(granted, now, serve_from_rv=sidecar.keeper.serve_from_rv)
