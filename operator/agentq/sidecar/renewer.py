@@ -164,6 +164,7 @@ class Renewer:
                         protocol.ANNOTATION_REPORT: text,
                     }
 
+                attempt.sent_report = text
                 try:
                     lease, sent, _ = await self._write(attempt, change, counted=False)
                 except _Lost as lost:

@@ -358,3 +358,33 @@ async def test_a_takeover_whose_write_had_an_unknown_outcome_does_not_serve_inhe
     # Granted again after the takeover (a new token): served here.
     granted = api.put(lease_path(NS, "agentq-task-job"), task_lease(token=6))
     assert sidecar.attempts.observe(granted, now, serve_from_rv=sidecar.keeper.serve_from_rv)
+
+
+@run
+async def test_a_report_whose_write_had_an_unknown_outcome_is_acknowledged_when_sent_again() -> (
+    None
+):
+    """The report's write timed out but happened; the agent was told 503 and sent it
+    again, as told. Meanwhile the operator had committed it and deleted the Lease: the
+    retry was answered 409 LeaseLost, so the agent believed the task it had finished
+    was taken from it (the task had Succeeded with its result). The watch showed the
+    report on the Lease before the delete; the retry is now acknowledged."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    sidecar.grant()
+    sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+    client = await agent(sidecar)
+    try:
+        sidecar.api.fail("PUT", lease_path(NS), ApiError(0, "timeout"), applied=True)
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 1}})
+        assert sent.status == 503
+        lease = sidecar.lease()
+        assert protocol.ANNOTATION_REPORT in lease["metadata"]["annotations"]
+        sidecar.attempts.observe(lease, sidecar.clock.monotonic())  # the watch: MODIFIED
+        sidecar.attempts.deleted(lease)  # the operator committed it: DELETED
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 1}})
+        assert sent.status == 200, await sent.json()
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 2}})
+        assert sent.status == 409  # a different report is still refused
+    finally:
+        await client.close()
