@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import http.client
 import json
 import os
 import threading
@@ -154,7 +155,10 @@ class SidecarClient:
                 answer: dict[str, Any] = json.loads(response.read() or b"{}")
                 return answer
         except urllib.error.HTTPError as err:
-            raw = err.read()
+            try:
+                raw = err.read()
+            except (http.client.HTTPException, OSError):
+                raw = b""  # the answer was cut short: its status is enough
             try:
                 decoded = json.loads(raw) if raw else {}
             except ValueError:
@@ -166,7 +170,9 @@ class SidecarClient:
             if err.code == 503:
                 raise SidecarUnavailable(f"503 {code}: {message}") from None
             raise AgentError(err.code, code, message, decoded) from None
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        # http.client.HTTPException: an answer cut short or garbled (IncompleteRead,
+        # BadStatusLine), e.g. the sidecar restarting mid-answer; not an OSError.
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
             raise SidecarUnavailable(f"{method} {self.url}{path}: {err}") from err
 
     # -- assignments ------------------------------------------------------------------------
