@@ -111,6 +111,10 @@ class TaskLeaseWatcher:
             "GET", lease_path(self.namespace), params=params, resource="leases"
         )
         self.relists += 1
+        if self._resync.is_set():
+            # The worker Lease was lost (or taken again) while the listing was on its way:
+            # applied now, it would set up attempts that lose_all has just ended.
+            return
         rv = str((listing.get("metadata") or {}).get("resourceVersion") or "")
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         new = self.attempts.resync(

@@ -49,6 +49,7 @@ class FakeApi:
         self.rv = 100
         self.requests: Counter[tuple[str, str]] = Counter()
         self.faults: list[Fault] = []
+        self.before: Callable[[str, str], None] = lambda method, path: None  # runs first
 
     def fail(
         self,
@@ -79,6 +80,7 @@ class FakeApi:
         **_: Any,
     ) -> Body:
         self.requests[(method, resource)] += 1
+        self.before(method, path)
         await asyncio.sleep(0)
         fault = next((f for f in self.faults if f[0] == method and path.startswith(f[1])), None)
         if fault is not None:
@@ -172,8 +174,8 @@ class Sidecar:
             worker=WORKER,
             identity=identity,
             duration_seconds=15,
-            on_acquired=lambda rv: None,
-            on_lost=lambda reason: self.attempts.lose_all(reason),
+            on_acquired=lambda rv: self.watcher.resume(),
+            on_lost=self.lost,
         )
         self.watcher = TaskLeaseWatcher(
             kube,
@@ -199,6 +201,11 @@ class Sidecar:
             identity=identity,
             loops=lambda: [],
         )
+
+    def lost(self, reason: str) -> None:
+        """The worker Lease is lost (what ``Sidecar._lost`` does)."""
+        self.watcher.pause()
+        self.attempts.lose_all(reason)
 
     def hold_worker_lease(self) -> None:
         self.keeper.holding = True
@@ -388,3 +395,47 @@ async def test_a_report_whose_write_had_an_unknown_outcome_is_acknowledged_when_
         assert sent.status == 409  # a different report is still refused
     finally:
         await client.close()
+
+
+@run
+async def test_a_listing_answered_after_the_worker_lease_was_lost_is_not_applied() -> None:
+    """The worker Lease was lost while the watch's listing was on its way: the listing
+    was applied after every attempt had ended, so the attempts it showed were set up
+    again, with the worker Lease not held. Taken over again later (from the pod that
+    held it meanwhile), the next listing found them already known and kept them
+    although they were written before the takeover: served here while the other pod's
+    agent may have worked on them with the same token."""
+    sidecar = Sidecar()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+
+    def lose_during_the_listing(method: str, path: str) -> None:
+        if method == "GET" and path == lease_path(NS):
+            sidecar.api.before = lambda method, path: None
+            sidecar.keeper.holding = False
+            sidecar.lost("the worker Lease is now held by pod-2")
+
+    sidecar.api.before = lose_during_the_listing
+    sidecar.hold_worker_lease()
+    sidecar.watcher.resume()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: sidecar.api.requests[("GET", "leases")] == 1)
+        await asyncio.sleep(0.05)  # the task read, if the listing was applied
+        # pod-2 held the worker Lease meanwhile; it runs out and this sidecar takes it.
+        worker = sidecar.api.put(lease_path(NS, "agentq-worker-w"), {"metadata": {}})
+        sidecar.keeper.serve_from_rv = int(worker["metadata"]["resourceVersion"])
+        sidecar.hold_worker_lease()
+        sidecar.watcher.resume()
+        await wait_for(lambda: sidecar.api.requests[("GET", "leases")] == 2)
+        await wait_for(lambda: sidecar.watcher.synced)
+        assert sidecar.attempts.listing() == []
+        with pytest.raises(AgentError) as told:
+            sidecar.attempts.find("job", 5)
+        assert "took the worker Lease over" in told.value.message
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
