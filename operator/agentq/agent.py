@@ -77,6 +77,8 @@ class LeaseLostInterrupt(LeaseLost):
 # A report the sidecar could not take (503) is sent again after this, doubling up to the max.
 REPORT_RETRY_FIRST = 0.5
 REPORT_RETRY_MAX = 5.0
+# How many attempts ``assignments()`` remembers having handed out.
+SEEN_MEMORY = 4096
 
 
 class SidecarUnavailable(Exception):
@@ -196,7 +198,10 @@ class SidecarClient:
 
         Waits out a sidecar that is starting, not ready or briefly unreachable.
         """
-        seen: set[tuple[str, int]] = set()
+        # Every attempt handed out, oldest first, bounded. Not only those the last listing
+        # showed: a restarted sidecar lists an attempt only once it has read its task
+        # again. Tokens are never reused, so remembering is never wrong.
+        seen: dict[tuple[str, int], None] = {}
         version: int | None = None
         while stop is None or not stop.is_set():
             try:
@@ -208,9 +213,10 @@ class SidecarClient:
             for item in items:
                 key = (item.task, item.token)
                 if key not in seen and item.raw.get("state") == "active":
-                    seen.add(key)
+                    seen[key] = None
+                    while len(seen) > SEEN_MEMORY:
+                        del seen[next(iter(seen))]
                     yield item
-            seen &= {(a.task, a.token) for a in items}  # tokens are never reused
 
     # -- one attempt ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ class FakeSidecar:
         self.unavailable_reports = 0  # answer this many reports 503 (the API server away)
         self.cut_beat: int | None = None  # cut the answer to this heartbeat (1-based) short
         self.cut_reports = 0  # cut the answer to this many reports short
+        self.listings: list[list[dict[str, Any]]] = []  # answers to GET, in order (the last stays)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,7 +41,11 @@ class FakeSidecar:
                 self.wfile.write(raw)
 
             def do_GET(self) -> None:
-                self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
+                if not fake.listings:
+                    self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
+                    return
+                items = fake.listings.pop(0) if len(fake.listings) > 1 else fake.listings[0]
+                self._answer(200, {"version": 1 + len(fake.listings), "assignments": items})
 
             def _cut(self) -> None:
                 """An answer whose body ends early: the sidecar went away mid-answer."""
@@ -189,3 +194,17 @@ def test_an_answer_cut_short_neither_stops_the_heartbeats_nor_drops_the_report(
     assert beats >= 4, "the heartbeats stopped after the answer cut short"
     assert answer["state"] == "reported"
     assert [kind for kind, _ in fake.reports] == ["complete"] * 2
+
+
+def test_an_attempt_missing_from_one_listing_is_not_handed_out_again(fake: FakeSidecar) -> None:
+    """A restarted sidecar lists an attempt only once it has read its task again, so
+    for a moment its listing omits attempts the agent is working on (and a listing with
+    one of two attempts read ends a long-poll that waits for the first). The client
+    forgot every attempt a listing did not show, and handed it out again when it came
+    back: the same attempt, same token, worked twice at once by an agent that runs
+    attempts in parallel."""
+    other = {**ASSIGNMENT, "task": "other", "token": 3}
+    fake.listings = [[ASSIGNMENT], [], [ASSIGNMENT], [ASSIGNMENT, other]]
+    handed = SidecarClient(fake.url).assignments(poll=0)
+    assert next(handed).task == "job"
+    assert next(handed).task == "other"
