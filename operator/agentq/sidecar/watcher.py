@@ -133,21 +133,24 @@ class TaskLeaseWatcher:
             )
             resync = asyncio.ensure_future(self._resync.wait())
             try:
-                async for event in _until(events, resync):
-                    obj = event.get("object") or {}
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    kind = event.get("type")
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        self.attempts.deleted(obj)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        created = self.attempts.observe(
-                            obj, self.clock.monotonic(), serve_from_rv=self.serve_from_rv()
-                        )
-                        if created is not None:
-                            self._fetch(created)
-                    self.changes.notify()
+                async with contextlib.aclosing(_until(events, resync)) as stream:
+                    async for event in stream:
+                        if self._resync.is_set():
+                            return  # ready together with the event: a relist follows
+                        obj = event.get("object") or {}
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                        kind = event.get("type")
+                        if kind == "BOOKMARK":
+                            continue
+                        if kind == "DELETED":
+                            self.attempts.deleted(obj)
+                        elif kind in ("ADDED", "MODIFIED"):
+                            created = self.attempts.observe(
+                                obj, self.clock.monotonic(), serve_from_rv=self.serve_from_rv()
+                            )
+                            if created is not None:
+                                self._fetch(created)
+                        self.changes.notify()
             finally:
                 resync.cancel()
 

@@ -49,6 +49,7 @@ class FakeApi:
         self.rv = 100
         self.requests: Counter[tuple[str, str]] = Counter()
         self.faults: list[Fault] = []
+        self.events: asyncio.Queue[Body] = asyncio.Queue()  # what the watch delivers
         self.before: Callable[[str, str], None] = lambda method, path: None  # runs first
 
     def fail(
@@ -95,10 +96,10 @@ class FakeApi:
     async def watch(
         self, path: str, *, resource: str, params: Mapping[str, str], timeout_seconds: int
     ) -> AsyncIterator[Body]:
-        """No events: the watch stays connected until it is closed."""
+        """The events put in ``events``; the watch stays connected until it is closed."""
         self.requests[("WATCH", resource)] += 1
-        await asyncio.Event().wait()
-        yield {}
+        while True:
+            yield await self.events.get()
 
     def _apply(self, method: str, path: str, body: Body | None) -> Body:
         if method == "GET" and path == lease_path(NS):
@@ -434,6 +435,37 @@ async def test_a_listing_answered_after_the_worker_lease_was_lost_is_not_applied
         with pytest.raises(AgentError) as told:
             sidecar.attempts.find("job", 5)
         assert "took the worker Lease over" in told.value.message
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
+
+
+@run
+async def test_a_watch_event_that_arrives_with_the_loss_of_the_worker_lease_is_not_applied() -> (
+    None
+):
+    """The worker Lease was lost while a watch event was arriving: the event and the
+    request to stop watching were both ready when the watch loop woke, and the event
+    was applied first, setting up an attempt after every attempt had ended, with the
+    worker Lease not held (the same harm as a late listing: once the worker Lease was
+    taken over again, that attempt was served although its Lease is older than the
+    takeover)."""
+    sidecar = Sidecar()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.hold_worker_lease()
+    sidecar.watcher.resume()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: sidecar.api.requests[("WATCH", "leases")] == 1)
+        granted = sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+        sidecar.api.events.put_nowait({"type": "ADDED", "object": granted})
+        sidecar.keeper.holding = False
+        sidecar.lost("the worker Lease is now held by pod-2")
+        await asyncio.sleep(0.05)
+        assert "job" not in sidecar.attempts.current
     finally:
         stop.set()
         loop.cancel()
