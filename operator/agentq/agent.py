@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import http.client
 import json
 import os
 import threading
@@ -76,6 +77,8 @@ class LeaseLostInterrupt(LeaseLost):
 # A report the sidecar could not take (503) is sent again after this, doubling up to the max.
 REPORT_RETRY_FIRST = 0.5
 REPORT_RETRY_MAX = 5.0
+# How many attempts ``assignments()`` remembers having handed out.
+SEEN_MEMORY = 4096
 
 
 class SidecarUnavailable(Exception):
@@ -154,7 +157,10 @@ class SidecarClient:
                 answer: dict[str, Any] = json.loads(response.read() or b"{}")
                 return answer
         except urllib.error.HTTPError as err:
-            raw = err.read()
+            try:
+                raw = err.read()
+            except (http.client.HTTPException, OSError):
+                raw = b""  # the answer was cut short: its status is enough
             try:
                 decoded = json.loads(raw) if raw else {}
             except ValueError:
@@ -166,7 +172,9 @@ class SidecarClient:
             if err.code == 503:
                 raise SidecarUnavailable(f"503 {code}: {message}") from None
             raise AgentError(err.code, code, message, decoded) from None
-        except (urllib.error.URLError, OSError, ValueError) as err:
+        # http.client.HTTPException: an answer cut short or garbled (IncompleteRead,
+        # BadStatusLine), e.g. the sidecar restarting mid-answer; not an OSError.
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
             raise SidecarUnavailable(f"{method} {self.url}{path}: {err}") from err
 
     # -- assignments ------------------------------------------------------------------------
@@ -190,7 +198,10 @@ class SidecarClient:
 
         Waits out a sidecar that is starting, not ready or briefly unreachable.
         """
-        seen: set[tuple[str, int]] = set()
+        # Every attempt handed out, oldest first, bounded. Not only those the last listing
+        # showed: a restarted sidecar lists an attempt only once it has read its task
+        # again. Tokens are never reused, so remembering is never wrong.
+        seen: dict[tuple[str, int], None] = {}
         version: int | None = None
         while stop is None or not stop.is_set():
             try:
@@ -202,9 +213,10 @@ class SidecarClient:
             for item in items:
                 key = (item.task, item.token)
                 if key not in seen and item.raw.get("state") == "active":
-                    seen.add(key)
+                    seen[key] = None
+                    while len(seen) > SEEN_MEMORY:
+                        del seen[next(iter(seen))]
                     yield item
-            seen &= {(a.task, a.token) for a in items}  # tokens are never reused
 
     # -- one attempt ---------------------------------------------------------------------------
 

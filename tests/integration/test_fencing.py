@@ -127,6 +127,26 @@ def test_postgres_transaction_rolls_back_the_agents_rows_with_a_stale_token(post
         assert "password" not in store.ref("job")
 
 
+def test_a_postgres_store_connects_again_after_the_server_ended_its_session(
+    postgres: str,
+) -> None:
+    """The server ends the store's session (as a restart or a failover does): the call
+    that finds out fails, the next one works on a new connection."""
+    import psycopg
+
+    from agentq.fencing.postgres import PostgresFencedStore
+
+    with PostgresFencedStore(postgres, table=f"fenced_{uuid.uuid4().hex[:8]}") as store:
+        store.write("job", 5, "one")
+        with psycopg.connect(postgres, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            store.write("job", 5, "two")
+        assert store.write("job", 5, "two").revision == 2
+        record = store.read("job")
+        assert record is not None and record.value == "two"
+
+
 def test_configmap_keys_that_are_not_configmap_keys_are_hashed(
     control_plane: ControlPlane, fencing_namespace: str
 ) -> None:

@@ -23,6 +23,9 @@ class FakeSidecar:
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.remaining = 30.0
         self.unavailable_reports = 0  # answer this many reports 503 (the API server away)
+        self.cut_beat: int | None = None  # cut the answer to this heartbeat (1-based) short
+        self.cut_reports = 0  # cut the answer to this many reports short
+        self.listings: list[list[dict[str, Any]]] = []  # answers to GET, in order (the last stays)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -38,18 +41,38 @@ class FakeSidecar:
                 self.wfile.write(raw)
 
             def do_GET(self) -> None:
-                self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
+                if not fake.listings:
+                    self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
+                    return
+                items = fake.listings.pop(0) if len(fake.listings) > 1 else fake.listings[0]
+                self._answer(200, {"version": 1 + len(fake.listings), "assignments": items})
+
+            def _cut(self) -> None:
+                """An answer whose body ends early: the sidecar went away mid-answer."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "1000")
+                self.end_headers()
+                self.wfile.write(b'{"task": ')
+                self.close_connection = True
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 if self.path.endswith("/heartbeat"):
                     fake.beats.append(body)
+                    if len(fake.beats) == fake.cut_beat:
+                        self._cut()
+                        return
                     if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
                         self._answer(409, {"error": "LeaseLost", "message": "reclaimed"})
                         return
                     self._answer(200, {**ASSIGNMENT, "leaseRemainingSeconds": fake.remaining})
                     return
                 fake.reports.append((self.path.rsplit("/", 1)[-1], body))
+                if fake.cut_reports > 0:
+                    fake.cut_reports -= 1
+                    self._cut()
+                    return
                 if fake.unavailable_reports > 0:
                     fake.unavailable_reports -= 1
                     self._answer(503, {"error": "ApiUnavailable", "message": "api server away"})
@@ -151,3 +174,37 @@ def test_a_report_the_sidecar_cannot_take_yet_is_sent_again_while_the_lease_hold
     assert answer["state"] == "reported"
     assert [kind for kind, _ in fake.reports] == ["complete"] * 4
     assert beats >= 3, "the heartbeats went on while the report waited"
+
+
+def test_an_answer_cut_short_neither_stops_the_heartbeats_nor_drops_the_report(
+    fake: FakeSidecar,
+) -> None:
+    """An answer whose body ends early (the sidecar container restarting mid-answer)
+    raises http.client.IncompleteRead, which is neither an OSError nor a URLError: it
+    escaped the client. In the heartbeat thread it ended the thread, so the agent went
+    on working while nothing beat for it and its lease ran out; from complete() it
+    reached the agent instead of the retry a report gets while the sidecar is away."""
+    fake.cut_beat = 2
+    fake.cut_reports = 1
+    client = SidecarClient(fake.url)
+    with client.hold(Assignment.of(ASSIGNMENT)) as lease:
+        time.sleep(0.6)  # beats every 0.1 s
+        beats = len(fake.beats)
+        answer = lease.complete({"ok": True})
+    assert beats >= 4, "the heartbeats stopped after the answer cut short"
+    assert answer["state"] == "reported"
+    assert [kind for kind, _ in fake.reports] == ["complete"] * 2
+
+
+def test_an_attempt_missing_from_one_listing_is_not_handed_out_again(fake: FakeSidecar) -> None:
+    """A restarted sidecar lists an attempt only once it has read its task again, so
+    for a moment its listing omits attempts the agent is working on (and a listing with
+    one of two attempts read ends a long-poll that waits for the first). The client
+    forgot every attempt a listing did not show, and handed it out again when it came
+    back: the same attempt, same token, worked twice at once by an agent that runs
+    attempts in parallel."""
+    other = {**ASSIGNMENT, "task": "other", "token": 3}
+    fake.listings = [[ASSIGNMENT], [], [ASSIGNMENT], [ASSIGNMENT, other]]
+    handed = SidecarClient(fake.url).assignments(poll=0)
+    assert next(handed).task == "job"
+    assert next(handed).task == "other"

@@ -17,6 +17,7 @@ import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -42,7 +43,8 @@ class PostgresFencedStore(TransactionalStore):
         self.dsn = dsn
         self.table = check_identifier(table)
         self._lock = threading.RLock()
-        self._conn = psycopg.connect(dsn, autocommit=True, connect_timeout=int(connect_timeout))
+        self._connect_timeout = int(connect_timeout)
+        self._conn = self._connect()
         self._t = sql.Identifier(self.table)
         with self._conn.transaction(), self._conn.cursor() as cur:
             # Concurrent first users of a new table would race on CREATE TABLE IF NOT EXISTS
@@ -56,13 +58,23 @@ class PostgresFencedStore(TransactionalStore):
                 ).format(self._t)
             )
 
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsn, autocommit=True, connect_timeout=self._connect_timeout)
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The connection, made again if the server ended it (a restart, a failover, an
+        idle connection dropped): the call that found out failed, the next one works."""
+        if self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
     @contextmanager
     def transaction(self, key: str, token: int) -> Iterator[Transaction]:
         """Check ``token`` against ``key`` and raise it, in one transaction with whatever
         the block does on ``tx.connection``; any exception rolls everything back."""
         check_key(key)
         check_token(token)
-        with self._lock, self._conn.transaction(), self._conn.cursor() as cur:
+        with self._lock, self._connection().transaction(), self._conn.cursor() as cur:
             cur.execute(
                 sql.SQL(
                     "INSERT INTO {} (key, token, revision) VALUES (%s, 0, 0) "
@@ -101,7 +113,7 @@ class PostgresFencedStore(TransactionalStore):
                 )
 
     def read(self, key: str) -> Record | None:
-        with self._lock, self._conn.cursor() as cur:
+        with self._lock, self._connection().cursor() as cur:
             cur.execute(
                 sql.SQL("SELECT token, value, revision FROM {} WHERE key = %s").format(self._t),
                 (key,),
@@ -113,7 +125,7 @@ class PostgresFencedStore(TransactionalStore):
 
     def records(self) -> list[Record]:
         """Every record (for tests and inspection)."""
-        with self._lock, self._conn.cursor() as cur:
+        with self._lock, self._connection().cursor() as cur:
             cur.execute(
                 sql.SQL(
                     "SELECT key, token, value, revision FROM {} WHERE revision > 0 ORDER BY key"

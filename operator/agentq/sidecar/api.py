@@ -136,6 +136,29 @@ class AgentApi:
             )
         return agent_input.parse_json(await request.read())
 
+    def _find(self, task: str, token: int) -> Attempt:
+        """The attempt the agent names, or the AgentError to answer. "Unknown" (404) is
+        said only once this sidecar knows its attempts: until it holds the worker Lease,
+        has listed the task Leases and read the task, it may just not know it yet (a
+        restarted sidecar), and a 404 would make the agent drop finished work."""
+        try:
+            return self.attempts.find(task, token)
+        except AgentError as err:
+            if err.status != 404:
+                raise
+            pending = self.attempts.current.get(task)
+            if not self.keeper.held(self.clock.monotonic()):
+                why = self.keeper.describe()
+            elif not self.watcher.synced:
+                why = "listing the task Leases of this worker"
+            elif pending is not None and pending.token == token:
+                why = f"reading task {task}"
+            else:
+                raise
+            raise AgentError(
+                503, "NotReady", f"the sidecar is {why}; retry shortly", task=task
+            ) from None
+
     def _describe(self, attempt: Attempt) -> dict[str, Any]:
         now, wall = self._now()
         return attempt.describe(now, wall)
@@ -185,6 +208,7 @@ class AgentApi:
         beat = agent_input.heartbeat(await self._body(request))
         if self.stopping:
             raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
+        self._find(task, beat.token)
         attempt = self.attempts.beat(task, beat.token, beat.progress, self.clock.monotonic())
         metrics.HEARTBEATS.inc()
         self.changes.notify()
@@ -217,7 +241,7 @@ class AgentApi:
         if self.stopping:
             raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
         try:
-            attempt = self.attempts.find(task, token)
+            attempt = self._find(task, token)
         except AgentError:
             if self.attempts.ended_report(task, token) == text:
                 # The same report again, after the operator already ended the attempt.

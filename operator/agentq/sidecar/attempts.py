@@ -142,6 +142,7 @@ class Attempt:
     beats: int = 0
     progress: str | None = None  # the agent's latest progress marker
     report: str | None = None  # the encoded report, once written
+    sent_report: str | None = None  # a report whose write was sent (its outcome may be unknown)
     writes: int = 0  # writes in flight or waiting (never two at once: they take a lock)
     retry_at: float = 0.0  # after a failed write: not before
     failures: int = 0
@@ -233,6 +234,7 @@ class Attempts:
         if known is not None and known.token == view.token:
             if _newer(lease, known.lease):
                 known.lease = slim(lease)
+            self._report_seen(known, lease)
             return None
         if known is not None and known.token > view.token:
             return None  # an old event of an earlier grant
@@ -422,6 +424,21 @@ class Attempts:
         )
 
     # -- internals --------------------------------------------------------------------
+
+    def _report_seen(self, attempt: Attempt, lease: Body) -> None:
+        """The Lease shows the report we sent: it was written, even if its write had an
+        unknown outcome (the agent, told to retry, must then hear it was taken, also once
+        the operator has committed it and deleted the Lease)."""
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        sent = attempt.sent_report
+        if (
+            attempt.state == "active"
+            and sent
+            and annotations.get(protocol.ANNOTATION_REPORT) == sent
+        ):
+            attempt.report = sent
+            attempt.state = "reported"
+            self.version += 1
 
     def _end(self, attempt: Attempt, reason: str) -> None:
         del self.current[attempt.task]

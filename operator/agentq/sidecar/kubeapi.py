@@ -95,7 +95,13 @@ class KubeApi:
         headers = {"Accept": "application/json"}
         # auth_settings() runs the refresh hook (in-cluster token rotation, expiring
         # exec/OIDC tokens) and gives the header to send (bearer token, "Bearer ..").
-        for setting in self._cfg.auth_settings().values():
+        # A refresh that fails (a token file unreadable or empty for a moment) is an
+        # ApiError like an unreachable server, so every caller retries it.
+        try:
+            settings = self._cfg.auth_settings()
+        except Exception as err:
+            raise ApiError(0, f"refreshing the credentials: {err!r}") from err
+        for setting in settings.values():
             if setting.get("in") == "header" and setting.get("value"):
                 headers[str(setting["key"])] = str(setting["value"])
         return headers

@@ -107,12 +107,16 @@ class Renewer:
                     self._lost(attempt, str(lost))
                     metrics.RENEWALS.labels("lost").inc()
                     return
-                except ApiError as err:
+                except Exception as err:  # any other failure too: this task's end is unobserved
                     retry = min(1.0, attempt.heartbeat_seconds / 4)
                     self.attempts.write_failed(attempt, self.clock.monotonic(), retry_in=retry)
                     metrics.RENEWALS.labels("error").inc()
                     log.warning(
-                        "renewing %s failed: %s; retrying in %.1fs", attempt.task, err, retry
+                        "renewing %s failed: %s; retrying in %.1fs",
+                        attempt.task,
+                        err,
+                        retry,
+                        exc_info=not isinstance(err, ApiError),
                     )
                     return
                 if self.attempts.current.get(attempt.task) is attempt:
@@ -160,6 +164,7 @@ class Renewer:
                         protocol.ANNOTATION_REPORT: text,
                     }
 
+                attempt.sent_report = text
                 try:
                     lease, sent, _ = await self._write(attempt, change, counted=False)
                 except _Lost as lost:

@@ -111,6 +111,10 @@ class TaskLeaseWatcher:
             "GET", lease_path(self.namespace), params=params, resource="leases"
         )
         self.relists += 1
+        if self._resync.is_set():
+            # The worker Lease was lost (or taken again) while the listing was on its way:
+            # applied now, it would set up attempts that lose_all has just ended.
+            return
         rv = str((listing.get("metadata") or {}).get("resourceVersion") or "")
         items = [item for item in listing.get("items") or [] if isinstance(item, dict)]
         new = self.attempts.resync(
@@ -129,21 +133,24 @@ class TaskLeaseWatcher:
             )
             resync = asyncio.ensure_future(self._resync.wait())
             try:
-                async for event in _until(events, resync):
-                    obj = event.get("object") or {}
-                    rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                    kind = event.get("type")
-                    if kind == "BOOKMARK":
-                        continue
-                    if kind == "DELETED":
-                        self.attempts.deleted(obj)
-                    elif kind in ("ADDED", "MODIFIED"):
-                        created = self.attempts.observe(
-                            obj, self.clock.monotonic(), serve_from_rv=self.serve_from_rv()
-                        )
-                        if created is not None:
-                            self._fetch(created)
-                    self.changes.notify()
+                async with contextlib.aclosing(_until(events, resync)) as stream:
+                    async for event in stream:
+                        if self._resync.is_set():
+                            return  # ready together with the event: a relist follows
+                        obj = event.get("object") or {}
+                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                        kind = event.get("type")
+                        if kind == "BOOKMARK":
+                            continue
+                        if kind == "DELETED":
+                            self.attempts.deleted(obj)
+                        elif kind in ("ADDED", "MODIFIED"):
+                            created = self.attempts.observe(
+                                obj, self.clock.monotonic(), serve_from_rv=self.serve_from_rv()
+                            )
+                            if created is not None:
+                                self._fetch(created)
+                        self.changes.notify()
             finally:
                 resync.cancel()
 
@@ -160,16 +167,17 @@ class TaskLeaseWatcher:
         while self.attempts.current.get(attempt.task) is attempt:
             try:
                 task = await self.api.request("GET", path, resource="agenttasks")
+                self._activate(attempt, task)
+                return
             except ApiError as err:
                 if err.status == 404:
                     self.attempts.drop(attempt, f"task {attempt.task} does not exist")
                     self.changes.notify()
                     return
                 log.warning("reading task %s: %s; retrying", attempt.task, err)
-                await asyncio.sleep(backoff.next())
-                continue
-            self._activate(attempt, task)
-            return
+            except Exception:  # this task's end is unobserved: never leave the attempt pending
+                log.exception("reading task %s failed; retrying", attempt.task)
+            await asyncio.sleep(backoff.next())
 
     def _activate(self, attempt: Attempt, task: Body) -> None:
         spec = task.get("spec") or {}

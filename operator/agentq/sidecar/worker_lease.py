@@ -68,6 +68,9 @@ class WorkerLeaseKeeper:
         self.holding = False
         self.serve_from_rv = 0
         self.other_holder: str | None = None
+        # A takeover from another holder whose write had an unknown outcome: if it
+        # happened, the next round finds us the holder, and that is still a takeover.
+        self._taking_over = False
         self._tracker = LeaseTracker()
         self.renewals = 0
 
@@ -142,7 +145,13 @@ class WorkerLeaseKeeper:
                     log.info("worker Lease %s is held by %s; waiting", self.name, holder)
                 self.other_holder = holder
                 return
-        await self._take(current, adopt=holder == self.identity)
+        if holder != self.identity:
+            serve_from = None  # a takeover: serve what is written after it
+        elif self._taking_over:
+            serve_from = _rv(current)  # our takeover did happen: this is its write
+        else:
+            serve_from = 0  # a restart in this pod: the agent beside us is the same
+        await self._take(current, serve_from_rv=serve_from)
 
     async def _create(self) -> None:
         now = micro_rfc3339(self.clock.now())
@@ -169,7 +178,7 @@ class WorkerLeaseKeeper:
             raise
         self._acquired(created, sent, serve_from_rv=0)
 
-    async def _take(self, current: Body, *, adopt: bool) -> None:
+    async def _take(self, current: Body, *, serve_from_rv: int | None) -> None:
         body = copy.deepcopy(current)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
@@ -189,10 +198,12 @@ class WorkerLeaseKeeper:
         except ApiError as err:
             if err.status in (404, 409):
                 return  # changed or gone in between: the next round decides again
+            if current_holder(current) != self.identity:
+                self._taking_over = True
             raise
         # Adopting our own (same pod): serve every task Lease. Otherwise only those
-        # written after this takeover.
-        serve_from = 0 if adopt else _rv(written)
+        # written after the takeover.
+        serve_from = _rv(written) if serve_from_rv is None else serve_from_rv
         self._acquired(written, sent, serve_from_rv=serve_from)
 
     def _acquired(self, lease: Body, sent: float, *, serve_from_rv: int) -> None:
@@ -200,6 +211,7 @@ class WorkerLeaseKeeper:
         self.confirmed_at = sent
         self.holding = True
         self.other_holder = None
+        self._taking_over = False
         self.serve_from_rv = serve_from_rv
         self._tracker.forget(self.name)
         log.info(

@@ -1,0 +1,473 @@
+"""Paths of the sidecar that ended with nothing left to look at its state again.
+
+The family of tests/unit/operator/test_event_order.py, in the sidecar: a write
+can end in several ways (done, refused, unknown outcome, an unexpected
+exception), the agent can ask before the sidecar knows its attempts, and each
+path must leave the attempt renewable, ended cleanly, or answered with a status
+that tells the agent to try again. Each test here failed on the sidecar as it
+was; found by reviewing the sidecar for that family. The API server is a small
+in-memory fake (``FakeApi``); the clock is a ``FakeClock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from agentq import GROUP, VERSION, protocol
+from agentq.clock import FakeClock
+from agentq.sidecar.api import AgentApi
+from agentq.sidecar.attempts import AgentError, Attempt, Attempts
+from agentq.sidecar.changes import Changes
+from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
+from agentq.sidecar.renewer import Renewer
+from agentq.sidecar.watcher import TaskLeaseWatcher
+from agentq.sidecar.worker_lease import WorkerLeaseKeeper
+from harness import run
+
+Body = dict[str, Any]
+NS = "ns"
+WORKER = "w"
+
+# A fault: (method, path prefix) it applies to, whether the request is applied first
+# (an unknown outcome that did happen), and what is raised.
+Fault = tuple[str, str, bool, BaseException]
+
+
+class FakeApi:
+    """Just enough of the API server for the sidecar: objects by path, resourceVersions,
+    compare-and-swap replaces, and injected faults (``fail``)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Body] = {}
+        self.rv = 100
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.faults: list[Fault] = []
+        self.events: asyncio.Queue[Body] = asyncio.Queue()  # what the watch delivers
+        self.before: Callable[[str, str], None] = lambda method, path: None  # runs first
+
+    def fail(
+        self,
+        method: str,
+        path: str,
+        error: BaseException,
+        *,
+        applied: bool = False,
+        times: int = 1,
+    ) -> None:
+        self.faults.extend([(method, path, applied, error)] * times)
+
+    def put(self, path: str, body: Body) -> Body:
+        self.rv += 1
+        stored = copy.deepcopy(body)
+        stored.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        self.objects[path] = stored
+        return copy.deepcopy(stored)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        resource: str,
+        params: Mapping[str, str] | None = None,
+        body: Body | None = None,
+        **_: Any,
+    ) -> Body:
+        self.requests[(method, resource)] += 1
+        self.before(method, path)
+        await asyncio.sleep(0)
+        fault = next((f for f in self.faults if f[0] == method and path.startswith(f[1])), None)
+        if fault is not None:
+            self.faults.remove(fault)
+            if not fault[2]:
+                raise fault[3]
+        answer = self._apply(method, path, body)
+        if fault is not None:
+            raise fault[3]
+        return answer
+
+    async def watch(
+        self, path: str, *, resource: str, params: Mapping[str, str], timeout_seconds: int
+    ) -> AsyncIterator[Body]:
+        """The events put in ``events``; the watch stays connected until it is closed."""
+        self.requests[("WATCH", resource)] += 1
+        while True:
+            yield await self.events.get()
+
+    def _apply(self, method: str, path: str, body: Body | None) -> Body:
+        if method == "GET" and path == lease_path(NS):
+            items = [
+                copy.deepcopy(lease)
+                for name, lease in sorted(self.objects.items())
+                if name.startswith(f"{path}/")
+                and lease["metadata"].get("labels", {}).get(protocol.LABEL_LEASE_KIND) == "task"
+            ]
+            return {"metadata": {"resourceVersion": str(self.rv)}, "items": items}
+        if method == "GET":
+            if path not in self.objects:
+                raise ApiError(404, f"{path} not found")
+            return copy.deepcopy(self.objects[path])
+        assert body is not None
+        if method == "POST":
+            path = f"{path}/{body['metadata']['name']}"
+            if path in self.objects:
+                raise ApiError(409, "already exists")
+            return self.put(path, body)
+        if method == "PUT":
+            have = self.objects.get(path)
+            if have is None:
+                raise ApiError(404, f"{path} not found")
+            if have["metadata"]["resourceVersion"] != body["metadata"].get("resourceVersion"):
+                raise ApiError(409, "the object has been modified")
+            return self.put(path, body)
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def task_lease(task: str = "job", *, token: int = 7, holder: str = WORKER) -> Body:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": protocol.task_lease_name(task),
+            "namespace": NS,
+            "labels": {
+                protocol.LABEL_LEASE_KIND: "task",
+                protocol.LABEL_TASK: task,
+                protocol.LABEL_WORKER: WORKER,
+            },
+            "annotations": {
+                protocol.ANNOTATION_TOKEN: str(token),
+                protocol.ANNOTATION_ATTEMPT: "1",
+            },
+            "ownerReferences": [{"kind": "AgentTask", "name": task, "uid": "uid-1"}],
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 30},
+    }
+
+
+def agent_task(task: str = "job") -> Body:
+    return {
+        "metadata": {"name": task, "namespace": NS, "uid": "uid-1"},
+        "spec": {"requiredCapabilities": ["llm"], "payload": {"q": 1}, "leaseDurationSeconds": 30},
+    }
+
+
+class Sidecar:
+    """The sidecar's parts over a FakeApi, wired as ``agentq.sidecar.command`` wires them."""
+
+    def __init__(self, api: FakeApi | None = None, *, identity: str = "pod-1") -> None:
+        self.api = api or FakeApi()
+        self.clock = FakeClock()
+        self.attempts = Attempts(namespace=NS, worker=WORKER)
+        self.changes = Changes()
+        kube: KubeApi = self.api  # type: ignore[assignment]
+        self.keeper = WorkerLeaseKeeper(
+            kube,
+            self.clock,
+            namespace=NS,
+            worker=WORKER,
+            identity=identity,
+            duration_seconds=15,
+            on_acquired=lambda rv: self.watcher.resume(),
+            on_lost=self.lost,
+        )
+        self.watcher = TaskLeaseWatcher(
+            kube,
+            self.clock,
+            self.attempts,
+            self.changes,
+            namespace=NS,
+            worker=WORKER,
+            serve_from_rv=lambda: self.keeper.serve_from_rv,
+        )
+        self.renewer = Renewer(
+            kube, self.clock, self.attempts, self.changes, self.keeper, worker=WORKER
+        )
+        self.agent_api = AgentApi(
+            clock=self.clock,
+            attempts=self.attempts,
+            changes=self.changes,
+            renewer=self.renewer,
+            keeper=self.keeper,
+            watcher=self.watcher,
+            worker=WORKER,
+            namespace=NS,
+            identity=identity,
+            loops=lambda: [],
+        )
+
+    def lost(self, reason: str) -> None:
+        """The worker Lease is lost (what ``Sidecar._lost`` does)."""
+        self.watcher.pause()
+        self.attempts.lose_all(reason)
+
+    def hold_worker_lease(self) -> None:
+        self.keeper.holding = True
+        self.keeper.lease = {"metadata": {"name": "agentq-worker-w"}}
+        self.keeper.confirmed_at = self.clock.monotonic()
+        self.watcher.synced = True
+
+    def grant(self, task: str = "job", *, token: int = 7) -> Attempt:
+        """The operator grants ``task``; the watch sees it and the task is read."""
+        path = lease_path(NS, protocol.task_lease_name(task))
+        lease = self.api.put(path, task_lease(task, token=token))
+        attempt = self.attempts.observe(lease, self.clock.monotonic())
+        assert attempt is not None
+        assert self.attempts.activate(
+            attempt, uid="uid-1", payload={"q": 1}, lease_seconds=30, heartbeat_seconds=10
+        )
+        return attempt
+
+    def lease(self, task: str = "job") -> Body:
+        return copy.deepcopy(self.api.objects[lease_path(NS, protocol.task_lease_name(task))])
+
+
+async def agent(sidecar: Sidecar) -> TestClient[Any, Any]:
+    client: TestClient[Any, Any] = TestClient(TestServer(sidecar.agent_api.app()))
+    await client.start_server()
+    return client
+
+
+async def wait_for(condition: Callable[[], bool], seconds: float = 3.0) -> None:
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+TASK_PATH = custom_path(GROUP, VERSION, NS, "agenttasks", "job")
+COMPLETE = "/v1/assignments/job/complete"
+
+
+@run
+async def test_a_report_posted_before_the_sidecar_knows_its_attempts_is_asked_again() -> None:
+    """A restarted sidecar (same pod) knows no attempt until it holds the worker Lease,
+    has listed the task Leases and read each task. A report the agent posted in that
+    window was answered 404 UnknownTask -- which the agent client does not retry -- so
+    finished work was dropped and the task reclaimed. It is a 503 NotReady (retry)."""
+    sidecar = Sidecar()
+    client = await agent(sidecar)
+    try:
+        sent = await client.post(COMPLETE, json={"token": 7, "result": 1})
+        assert (sent.status, (await sent.json())["error"]) == (503, "NotReady")
+        beat = await client.post("/v1/assignments/job/heartbeat", json={"token": 7})
+        assert (beat.status, (await beat.json())["error"]) == (503, "NotReady")
+        sidecar.hold_worker_lease()
+        lease = sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease())
+        pending = sidecar.attempts.observe(lease, sidecar.clock.monotonic())
+        assert pending is not None  # listed, its task not read yet
+        sent = await client.post(COMPLETE, json={"token": 7, "result": 1})
+        assert (sent.status, (await sent.json())["error"]) == (503, "NotReady")
+        assert sidecar.attempts.activate(
+            pending, uid="uid-1", payload=None, lease_seconds=30, heartbeat_seconds=10
+        )
+        sent = await client.post(COMPLETE, json={"token": 7, "result": 1})
+        assert sent.status == 200
+        # A task never granted here is still a 404 once the sidecar serves.
+        sent = await client.post("/v1/assignments/other/complete", json={"token": 7})
+        assert sent.status == 404
+    finally:
+        await client.close()
+
+
+@run
+async def test_a_renewal_that_raises_unexpectedly_is_retried_after_a_pause() -> None:
+    """A renewal that raised anything but an ApiError (a credential refresh that failed,
+    say) ended its task with the exception unobserved and no retry time: the loop
+    scheduled it again at once, a busy loop of API requests for as long as the cause
+    lasted. It is a failed write: retried after the usual pause."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    attempt = sidecar.grant()
+    sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+    sidecar.api.fail("PUT", lease_path(NS), RuntimeError("token file unreadable"), times=1000)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.renewer.run(stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert sidecar.api.requests[("PUT", "leases")] == 1
+        sidecar.api.faults.clear()
+        sidecar.clock.advance(1.0)
+        sidecar.keeper.confirmed_at = sidecar.clock.monotonic()
+        sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+        sidecar.changes.notify()
+        await wait_for(lambda: attempt.renewed_at is not None)
+    finally:
+        stop.set()
+        sidecar.changes.notify()
+        await loop
+
+
+@run
+async def test_a_task_read_that_raises_unexpectedly_is_read_again() -> None:
+    """The read of a newly granted task runs in a task of its own; anything but an
+    ApiError ended it silently and the attempt stayed pending for good: never offered
+    to the agent, its lease ran out and the operator counted a reclaim."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease())
+    sidecar.api.fail("GET", TASK_PATH, RuntimeError("token file unreadable"))
+    stop = asyncio.Event()
+    sidecar.watcher.resume()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: [a.task for a in sidecar.attempts.listing()] == ["job"])
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
+
+
+@run
+async def test_a_takeover_whose_write_had_an_unknown_outcome_does_not_serve_inherited_leases() -> (
+    None
+):
+    """Taking the worker Lease over from another pod serves only task Leases written
+    after the takeover: the other pod's agent may still work on the older ones with
+    the same fencing token. When the takeover's write timed out but happened, the next
+    round found this sidecar the holder and took that for a restart in the same pod
+    (adopt): the other pod's task Leases were served here too, two agents on one token."""
+    api = FakeApi()
+    worker_path = lease_path(NS, "agentq-worker-w")
+    api.put(
+        worker_path,
+        {
+            "metadata": {"name": "agentq-worker-w", "namespace": NS},
+            "spec": {"holderIdentity": "old-pod", "leaseDurationSeconds": 15},
+        },
+    )
+    inherited = api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+    sidecar = Sidecar(api, identity="new-pod")
+    await sidecar.keeper.step()
+    assert not sidecar.keeper.holding  # held by old-pod: wait out its duration
+    sidecar.clock.advance(16)
+    api.fail("PUT", worker_path, ApiError(0, "timeout"), applied=True)
+    with pytest.raises(ApiError):
+        await sidecar.keeper.step()
+    await sidecar.keeper.step()
+    assert sidecar.keeper.holding
+    now = sidecar.clock.monotonic()
+    assert (
+        sidecar.attempts.resync([inherited], now, serve_from_rv=sidecar.keeper.serve_from_rv) == []
+    )
+    with pytest.raises(AgentError) as told:
+        sidecar.attempts.find("job", 5)
+    assert "took the worker Lease over" in told.value.message
+    # Granted again after the takeover (a new token): served here.
+    granted = api.put(lease_path(NS, "agentq-task-job"), task_lease(token=6))
+    assert sidecar.attempts.observe(granted, now, serve_from_rv=sidecar.keeper.serve_from_rv)
+
+
+@run
+async def test_a_report_whose_write_had_an_unknown_outcome_is_acknowledged_when_sent_again() -> (
+    None
+):
+    """The report's write timed out but happened; the agent was told 503 and sent it
+    again, as told. Meanwhile the operator had committed it and deleted the Lease: the
+    retry was answered 409 LeaseLost, so the agent believed the task it had finished
+    was taken from it (the task had Succeeded with its result). The watch showed the
+    report on the Lease before the delete; the retry is now acknowledged."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    sidecar.grant()
+    sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
+    client = await agent(sidecar)
+    try:
+        sidecar.api.fail("PUT", lease_path(NS), ApiError(0, "timeout"), applied=True)
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 1}})
+        assert sent.status == 503
+        lease = sidecar.lease()
+        assert protocol.ANNOTATION_REPORT in lease["metadata"]["annotations"]
+        sidecar.attempts.observe(lease, sidecar.clock.monotonic())  # the watch: MODIFIED
+        sidecar.attempts.deleted(lease)  # the operator committed it: DELETED
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 1}})
+        assert sent.status == 200, await sent.json()
+        sent = await client.post(COMPLETE, json={"token": 7, "result": {"a": 2}})
+        assert sent.status == 409  # a different report is still refused
+    finally:
+        await client.close()
+
+
+@run
+async def test_a_listing_answered_after_the_worker_lease_was_lost_is_not_applied() -> None:
+    """The worker Lease was lost while the watch's listing was on its way: the listing
+    was applied after every attempt had ended, so the attempts it showed were set up
+    again, with the worker Lease not held. Taken over again later (from the pod that
+    held it meanwhile), the next listing found them already known and kept them
+    although they were written before the takeover: served here while the other pod's
+    agent may have worked on them with the same token."""
+    sidecar = Sidecar()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+
+    def lose_during_the_listing(method: str, path: str) -> None:
+        if method == "GET" and path == lease_path(NS):
+            sidecar.api.before = lambda method, path: None
+            sidecar.keeper.holding = False
+            sidecar.lost("the worker Lease is now held by pod-2")
+
+    sidecar.api.before = lose_during_the_listing
+    sidecar.hold_worker_lease()
+    sidecar.watcher.resume()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: sidecar.api.requests[("GET", "leases")] == 1)
+        await asyncio.sleep(0.05)  # the task read, if the listing was applied
+        # pod-2 held the worker Lease meanwhile; it runs out and this sidecar takes it.
+        worker = sidecar.api.put(lease_path(NS, "agentq-worker-w"), {"metadata": {}})
+        sidecar.keeper.serve_from_rv = int(worker["metadata"]["resourceVersion"])
+        sidecar.hold_worker_lease()
+        sidecar.watcher.resume()
+        await wait_for(lambda: sidecar.api.requests[("GET", "leases")] == 2)
+        await wait_for(lambda: sidecar.watcher.synced)
+        assert sidecar.attempts.listing() == []
+        with pytest.raises(AgentError) as told:
+            sidecar.attempts.find("job", 5)
+        assert "took the worker Lease over" in told.value.message
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
+
+
+@run
+async def test_a_watch_event_that_arrives_with_the_loss_of_the_worker_lease_is_not_applied() -> (
+    None
+):
+    """The worker Lease was lost while a watch event was arriving: the event and the
+    request to stop watching were both ready when the watch loop woke, and the event
+    was applied first, setting up an attempt after every attempt had ended, with the
+    worker Lease not held (the same harm as a late listing: once the worker Lease was
+    taken over again, that attempt was served although its Lease is older than the
+    takeover)."""
+    sidecar = Sidecar()
+    sidecar.api.objects[TASK_PATH] = agent_task()
+    sidecar.hold_worker_lease()
+    sidecar.watcher.resume()
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.watcher.run(stop))
+    try:
+        await wait_for(lambda: sidecar.api.requests[("WATCH", "leases")] == 1)
+        granted = sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
+        sidecar.api.events.put_nowait({"type": "ADDED", "object": granted})
+        sidecar.keeper.holding = False
+        sidecar.lost("the worker Lease is now held by pod-2")
+        await asyncio.sleep(0.05)
+        assert "job" not in sidecar.attempts.current
+    finally:
+        stop.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await sidecar.watcher.close()
