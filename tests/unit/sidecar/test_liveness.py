@@ -12,6 +12,7 @@ in-memory fake (``FakeApi``); the clock is a ``FakeClock``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -225,6 +226,19 @@ class Sidecar:
         )
         return attempt
 
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        """The task Lease watcher's loop runs for the block."""
+        stop = asyncio.Event()
+        loop = asyncio.create_task(self.watcher.run(stop))
+        try:
+            yield
+        finally:
+            stop.set()
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
+            await self.watcher.close()
+
     def lease(self, task: str = "job") -> Body:
         return copy.deepcopy(self.api.objects[lease_path(NS, protocol.task_lease_name(task))])
 
@@ -316,16 +330,9 @@ async def test_a_task_read_that_raises_unexpectedly_is_read_again() -> None:
     sidecar.api.objects[TASK_PATH] = agent_task()
     sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease())
     sidecar.api.fail("GET", TASK_PATH, RuntimeError("token file unreadable"))
-    stop = asyncio.Event()
     sidecar.watcher.resume()
-    loop = asyncio.create_task(sidecar.watcher.run(stop))
-    try:
+    async with sidecar.watching():
         await wait_for(lambda: [a.task for a in sidecar.attempts.listing()] == ["job"])
-    finally:
-        stop.set()
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-        await sidecar.watcher.close()
 
 
 @run
@@ -419,9 +426,7 @@ async def test_a_listing_answered_after_the_worker_lease_was_lost_is_not_applied
     sidecar.api.before = lose_during_the_listing
     sidecar.hold_worker_lease()
     sidecar.watcher.resume()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(sidecar.watcher.run(stop))
-    try:
+    async with sidecar.watching():
         await wait_for(lambda: sidecar.api.requests[("GET", "leases")] == 1)
         await asyncio.sleep(0.05)  # the task read, if the listing was applied
         # pod-2 held the worker Lease meanwhile; it runs out and this sidecar takes it.
@@ -435,11 +440,6 @@ async def test_a_listing_answered_after_the_worker_lease_was_lost_is_not_applied
         with pytest.raises(AgentError) as told:
             sidecar.attempts.find("job", 5)
         assert "took the worker Lease over" in told.value.message
-    finally:
-        stop.set()
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-        await sidecar.watcher.close()
 
 
 @run
@@ -456,9 +456,7 @@ async def test_a_watch_event_that_arrives_with_the_loss_of_the_worker_lease_is_n
     sidecar.api.objects[TASK_PATH] = agent_task()
     sidecar.hold_worker_lease()
     sidecar.watcher.resume()
-    stop = asyncio.Event()
-    loop = asyncio.create_task(sidecar.watcher.run(stop))
-    try:
+    async with sidecar.watching():
         await wait_for(lambda: sidecar.api.requests[("WATCH", "leases")] == 1)
         granted = sidecar.api.put(lease_path(NS, "agentq-task-job"), task_lease(token=5))
         sidecar.api.events.put_nowait({"type": "ADDED", "object": granted})
@@ -466,8 +464,3 @@ async def test_a_watch_event_that_arrives_with_the_loss_of_the_worker_lease_is_n
         sidecar.lost("the worker Lease is now held by pod-2")
         await asyncio.sleep(0.05)
         assert "job" not in sidecar.attempts.current
-    finally:
-        stop.set()
-        loop.cancel()
-        await asyncio.gather(loop, return_exceptions=True)
-        await sidecar.watcher.close()
