@@ -95,6 +95,7 @@ class Sidecar:
             duration_seconds=config.worker_lease_seconds,
             on_acquired=self._acquired,
             on_lost=self._lost,
+            on_confirmed=self.changes.notify,
         )
         self.watcher = TaskLeaseWatcher(
             self.api,

@@ -73,13 +73,17 @@ class Renewer:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             now = self.clock.monotonic()
-            if self.keeper.held(now):
-                for attempt in self.attempts.due(now):
-                    due = attempt.due_at() or now
-                    attempt.writes += 1  # scheduled: not due again until this write ends
-                    task = asyncio.create_task(self._renew(attempt, due))
-                    self._inflight.add(task)
-                    task.add_done_callback(self._inflight.discard)
+            if not self.keeper.held(now):
+                # Nothing is renewed until the worker Lease is confirmed again; the keeper
+                # says when (``changes``), a second at most.
+                await self.changes.wait(1.0)
+                continue
+            for attempt in self.attempts.due(now):
+                due = attempt.due_at() or now
+                attempt.writes += 1  # scheduled: not due again until this write ends
+                task = asyncio.create_task(self._renew(attempt, due))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
             soonest = self.attempts.next_due()
             delay = 1.0 if soonest is None else min(1.0, max(0.005, soonest - now))
             await self.changes.wait(delay)

@@ -53,6 +53,7 @@ class WorkerLeaseKeeper:
         duration_seconds: int,
         on_acquired: Callable[[int], None],
         on_lost: Callable[[str], None],
+        on_confirmed: Callable[[], None] = lambda: None,
     ) -> None:
         self.api = api
         self.clock = clock
@@ -63,6 +64,9 @@ class WorkerLeaseKeeper:
         self.name = protocol.worker_lease_name(worker)
         self.on_acquired = on_acquired
         self.on_lost = on_lost
+        # Called when a renewal makes ``held`` true again after it had lapsed (the renewal
+        # loop waits for it instead of asking every few milliseconds).
+        self.on_confirmed = on_confirmed
         self.lease: Body | None = None  # our last write's response
         self.confirmed_at: float | None = None  # when that write was sent (monotonic)
         self.holding = False
@@ -242,9 +246,12 @@ class WorkerLeaseKeeper:
             if again is None:
                 return
             written = again
+        lapsed = not self.held(self.clock.monotonic())
         self.lease = slim(written)
         self.confirmed_at = sent
         self.renewals += 1
+        if lapsed and self.held(self.clock.monotonic()):
+            self.on_confirmed()
 
     async def _renew_after_conflict(self) -> Body | None:
         try:

@@ -178,6 +178,7 @@ class Sidecar:
             duration_seconds=15,
             on_acquired=lambda rv: self.watcher.resume(),
             on_lost=self.lost,
+            on_confirmed=self.changes.notify,
         )
         self.watcher = TaskLeaseWatcher(
             kube,
@@ -464,3 +465,40 @@ async def test_a_watch_event_that_arrives_with_the_loss_of_the_worker_lease_is_n
         sidecar.lost("the worker Lease is now held by pod-2")
         await asyncio.sleep(0.05)
         assert "job" not in sidecar.attempts.current
+
+
+@run
+async def test_renewals_wait_for_the_worker_lease_without_polling() -> None:
+    """While the worker Lease's renewal is late, nothing is renewed; the loop asked again
+    every 5 ms (about 200 times a second for as long as the API server was away, in every
+    sidecar). It waits for the keeper to say the worker Lease is confirmed again, and then
+    renews at once."""
+    sidecar = Sidecar()
+    worker = sidecar.api.put(lease_path(NS, "agentq-worker-w"), {"metadata": {}, "spec": {}})
+    sidecar.hold_worker_lease()
+    sidecar.keeper.lease = worker
+    sidecar.grant()
+    sidecar.clock.advance(16)  # the worker Lease (15 s) lapsed; the claim's renewal is due
+    sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())  # the agent is alive
+    assert not sidecar.keeper.held(sidecar.clock.monotonic())
+    turns = 0
+    wait = sidecar.changes.wait
+
+    async def counted(timeout: float) -> bool:
+        nonlocal turns
+        turns += 1
+        return await wait(timeout)
+
+    sidecar.changes.wait = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.renewer.run(stop))
+    try:
+        await asyncio.sleep(0.2)
+        assert turns <= 2, f"{turns} turns of the renewal loop in 0.2 s"
+        assert sidecar.api.requests[("PUT", "leases")] == 0
+        await sidecar.keeper._renew()  # the worker Lease is confirmed again
+        await wait_for(lambda: sidecar.api.requests[("PUT", "leases")] == 2, seconds=0.1)
+    finally:
+        stop.set()
+        sidecar.changes.notify()
+        await asyncio.gather(loop, return_exceptions=True)
