@@ -196,7 +196,8 @@ class SidecarClient:
     ) -> Iterator[Assignment]:
         """Every new attempt granted to this worker, once each, as they come (blocks).
 
-        Waits out a sidecar that is starting, not ready or briefly unreachable.
+        Waits out a sidecar that is starting, not ready, briefly unreachable or failing
+        to answer (5xx).
         """
         # Every attempt handed out, oldest first, bounded. Not only those the last listing
         # showed: a restarted sidecar lists an attempt only once it has read its task
@@ -206,7 +207,11 @@ class SidecarClient:
         while stop is None or not stop.is_set():
             try:
                 version, items = self.list(wait=poll, after=version)
-            except SidecarUnavailable:
+            except (SidecarUnavailable, AgentError) as err:
+                if isinstance(err, AgentError) and err.status < 500:
+                    raise  # a request the sidecar will never take: this client's bug
+                # Starting, away, or failed to answer (a 500): a listing changes nothing,
+                # so it is asked again.
                 version = None
                 time.sleep(0.5)
                 continue

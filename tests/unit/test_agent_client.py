@@ -26,6 +26,7 @@ class FakeSidecar:
         self.cut_beat: int | None = None  # cut the answer to this heartbeat (1-based) short
         self.cut_reports = 0  # cut the answer to this many reports short
         self.listings: list[list[dict[str, Any]]] = []  # answers to GET, in order (the last stays)
+        self.failed_listings = 0  # answer this many GETs 500 (a bug in the sidecar, say)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -41,6 +42,10 @@ class FakeSidecar:
                 self.wfile.write(raw)
 
             def do_GET(self) -> None:
+                if fake.failed_listings > 0:
+                    fake.failed_listings -= 1
+                    self._answer(500, {"error": "Internal", "message": "unexpected"})
+                    return
                 if not fake.listings:
                     self._answer(200, {"version": 1, "assignments": [ASSIGNMENT]})
                     return
@@ -208,3 +213,12 @@ def test_an_attempt_missing_from_one_listing_is_not_handed_out_again(fake: FakeS
     handed = SidecarClient(fake.url).assignments(poll=0)
     assert next(handed).task == "job"
     assert next(handed).task == "other"
+
+
+def test_a_listing_the_sidecar_failed_to_answer_is_asked_again(fake: FakeSidecar) -> None:
+    """A 500 from the sidecar's listing ended ``assignments()``: the agent stopped taking
+    work for good, though asking again is harmless (a listing changes nothing)."""
+    fake.failed_listings = 2
+    handed = SidecarClient(fake.url).assignments(poll=0)
+    assert next(handed).task == "job"
+    assert fake.failed_listings == 0
