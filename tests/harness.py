@@ -17,12 +17,16 @@ import random
 from typing import Any
 
 from agentq import protocol
+from agentq.claims import Readiness
 from agentq.clock import FakeClock, micro_rfc3339
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
 from agentq.operator.fake import FakeKube
+from agentq.operator.health import WatchHealth
 from agentq.operator.port import Kube
 from agentq.operator.silence import ApiSilence, HeardKube
+from agentq.operator.store import TaskRecord
+from agentq.scheduler import Scheduler
 from builders import TaskBuilder
 
 NS = "ns"
@@ -39,17 +43,26 @@ class TickingClock(FakeClock):
 
 
 class Harness:
-    def __init__(self, *, heard: bool = False, **config: Any) -> None:
+    def __init__(
+        self, *, heard: bool = False, health: WatchHealth | None = None, **config: Any
+    ) -> None:
         """``heard``: the controller's calls go through ``silence.HeardKube`` and every
-        watch event is heard, as in the operator (``self.silence``)."""
+        watch event is heard, as in the operator (``self.silence``). ``health``: the
+        watches' health, as the informers report it (default: always healthy)."""
         self.kube = FakeKube()
         self.clock = TickingClock()
         settings = {"leader_election": False, "leader_namespace": NS, **config}
         self.config = OperatorConfig(**settings)
         self.silence = ApiSilence(self.clock, self.config.api_silence_seconds)
         port: Kube = HeardKube(self.kube, self.silence) if heard else self.kube
+        # strict: every step ends with check_invariants(), a violation fails the test.
         self.controller = Controller(
-            kube=port, clock=self.clock, config=self.config, rng=random.Random(1)
+            kube=port,
+            clock=self.clock,
+            config=self.config,
+            rng=random.Random(1),
+            health=health,
+            strict=True,
         )
         if heard:
             self.silence.listen(self.controller.note_api_silence)
@@ -177,6 +190,23 @@ class Harness:
             (c for c in self.status(task).get("conditions") or [] if c["type"] == kind), None
         )
 
+    # -- the controller's store (what it knows, for assertions) ---------------------------
+
+    def readiness(self, worker: str) -> Readiness | None:
+        record = self.controller.store.workers.get((NS, worker))
+        return None if record is None or record.readiness is None else record.readiness[0]
+
+    def core(self) -> Scheduler:
+        """The scheduling core of the namespace."""
+        return self.controller.cores.of(NS)
+
+    def record(self, task: str) -> TaskRecord:
+        return self.controller.store.tasks[(NS, task)]
+
+    def writing_status(self) -> set[tuple[str, str]]:
+        """The workers whose status write is in flight."""
+        return {k for k, w in self.controller.store.workers.items() if w.publish.writing}
+
     async def settle(self) -> None:
         await self.controller.settle()
 
@@ -195,7 +225,7 @@ class Harness:
             for name in renew:
                 if self.lease(name) is not None:
                     self.renew(name)
-            for key in list(self.controller.workers):
+            for key in list(self.controller.store.workers):
                 if self.kube.get("leases", NS, protocol.worker_lease_name(key[1])) is not None:
                     self.renew_worker(key[1])
             await self.settle()

@@ -39,17 +39,56 @@ class LeaseRecord:
 
 
 @dataclass
-class _Observation:
+class Observation:
+    """What one observer knows of one lease: its record and when (on the observer's
+    monotonic clock) the record and its progress marker were last seen to change."""
+
     record: LeaseRecord
     changed_at: float
     progress_changed_at: float
+
+    @classmethod
+    def first(cls, record: LeaseRecord, now: float, *, age: float = 0.0) -> Observation:
+        """A lease seen for the first time; ``age``: how long ago to pretend its last
+        change was (0 gives it a full duration)."""
+        return cls(record, now - age, now - age)
+
+    def observe(self, record: LeaseRecord, now: float) -> bool:
+        """Record what the lease looks like at ``now``; True if it changed."""
+        if record == self.record:
+            return False
+        if record.progress != self.record.progress or record.token != self.record.token:
+            self.progress_changed_at = now
+        # Only a change of what the holder writes proves life; a new duration alone does not.
+        if (record.holder, record.renew_time, record.token, record.progress) != (
+            self.record.holder,
+            self.record.renew_time,
+            self.record.token,
+            self.record.progress,
+        ):
+            self.changed_at = now
+        self.record = record
+        return True
+
+    def expires_at(self, duration: float | None = None) -> float:
+        """When the lease expires unless it changes first (``duration``: the lease
+        duration to judge by; default: the record's own)."""
+        return self.changed_at + (self.record.duration if duration is None else duration)
+
+    def fresh(self, now: float, duration: float | None = None) -> bool:
+        return now < self.expires_at(duration)
+
+    def credit(self, seconds: float) -> None:
+        """The observer was blind for ``seconds``: the lease gets that time back."""
+        self.changed_at += seconds
+        self.progress_changed_at += seconds
 
 
 class LeaseTracker:
     """Remembers, per lease key, when its record last changed on our clock."""
 
     def __init__(self) -> None:
-        self._seen: dict[Hashable, _Observation] = {}
+        self._seen: dict[Hashable, Observation] = {}
 
     def observe(self, key: Hashable, record: LeaseRecord, now: float, *, age: float = 0.0) -> bool:
         """Record what the lease looks like at ``now``; True if it changed (or is new).
@@ -59,22 +98,9 @@ class LeaseTracker:
         """
         seen = self._seen.get(key)
         if seen is None:
-            self._seen[key] = _Observation(record, now - age, now - age)
+            self._seen[key] = Observation.first(record, now, age=age)
             return True
-        if record == seen.record:
-            return False
-        if record.progress != seen.record.progress or record.token != seen.record.token:
-            seen.progress_changed_at = now
-        # Only a change of what the holder writes proves life; a new duration alone does not.
-        if (record.holder, record.renew_time, record.token, record.progress) != (
-            seen.record.holder,
-            seen.record.renew_time,
-            seen.record.token,
-            seen.record.progress,
-        ):
-            seen.changed_at = now
-        seen.record = record
-        return True
+        return seen.observe(record, now)
 
     def forget(self, key: Hashable) -> None:
         self._seen.pop(key, None)
@@ -94,9 +120,7 @@ class LeaseTracker:
         ``duration``: the lease duration to judge by (default: the record's own).
         """
         seen = self._seen.get(key)
-        if seen is None:
-            return None
-        return seen.changed_at + (seen.record.duration if duration is None else duration)
+        return None if seen is None else seen.expires_at(duration)
 
     def expired(self, key: Hashable, now: float, duration: float | None = None) -> bool:
         deadline = self.expires_at(key, duration)
@@ -123,8 +147,7 @@ class LeaseTracker:
         if seconds <= 0:
             return
         for seen in self._seen.values():
-            seen.changed_at += seconds
-            seen.progress_changed_at += seconds
+            seen.credit(seconds)
 
     def __len__(self) -> int:
         return len(self._seen)

@@ -24,66 +24,106 @@ at again ``RETRY_SECONDS`` later.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from agentq import claims, lifecycle, protocol, views
 from agentq.claims import Decision, LeaseOp
-from agentq.clock import micro_rfc3339
-from agentq.models import TaskPhase
+from agentq.clock import Clock, micro_rfc3339
+from agentq.models import TASK_PLURAL, TaskPhase
 from agentq.operator import metrics
-from agentq.operator.cache import TIMER_TASK
-from agentq.operator.events import Involved
-from agentq.operator.port import Body, KubeError, NotLeading, Status
+from agentq.operator.confirm import ExpiryConfirmer
+from agentq.operator.events import EventSink, Involved
+from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, UNWRITABLE_SECONDS, RequestGate
+from agentq.operator.port import Body, Kube, KubeError, NotLeading, Reply, Status
+from agentq.operator.readiness import WorkerReadiness
+from agentq.operator.store import Grace, Store
+from agentq.operator.work import TIMER_TASK, Agenda, Stats
 from agentq.views import Key, LeaseView, TaskView
 
-if TYPE_CHECKING:
-    from agentq.operator.controller import Controller
+__all__ = ["Committer", "gone", "involved"]
 
 log = logging.getLogger("agentq.controller")
 
-RETRY_SECONDS = 1.0  # after an unknown outcome, look again this much later
-UNWRITABLE_SECONDS = 600.0  # after a write the API server refuses for good
-
-
-@dataclass
-class Grace:
-    """A grace period started for the claim with ``token``; ends at ``deadline``."""
-
-    token: int
-    deadline: float  # monotonic
-
 
 class Committer:
-    """Applies decisions through the controller's port and slots (see the module docstring)."""
+    """Applies decisions through the request gate (see the module docstring)."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
-        self._deleting: set[Key] = set()  # Leases whose delete is on its way
+    def __init__(
+        self,
+        *,
+        store: Store,
+        agenda: Agenda,
+        gate: RequestGate,
+        kube: Kube,
+        events: EventSink,
+        clock: Clock,
+        confirmer: ExpiryConfirmer,
+        readiness: WorkerReadiness,
+        stats: Stats,
+        credits: Callable[[], int],
+    ) -> None:
+        self.store = store
+        self.agenda = agenda
+        self.gate = gate
+        self.kube = kube
+        self.events = events
+        self.clock = clock
+        self.confirmer = confirmer
+        self.readiness = readiness
+        self.stats = stats
+        # How many times time was given back to every Lease (a stall, a silence): an
+        # expiry decided before the count moved is decided again, not committed.
+        self.credits = credits
+
+    def retry_later(self, key: Key, delay: float = RETRY_SECONDS) -> None:
+        """Look at ``key`` again ``delay`` from now (an unknown outcome, a refusal)."""
+        due = self.clock.monotonic() + delay
+        record = self.store.tasks.get(key)
+        if record is not None:
+            record.redecide_at = due
+        self.agenda.at(due, (TIMER_TASK, key))
+
+    def write_ended(self, task: TaskView, lease: LeaseView | None) -> None:
+        """The write about ``task`` ended: decide it again if something asked meanwhile,
+        or if what the decision was made on has changed (else a lost race would be
+        retried on the same stale state; the watch event that tells us what changed
+        marks the task again)."""
+        key = task.key
+        if self.store.end_write(key):
+            self.agenda.decide(key)
+            return
+        record = self.store.tasks.get(key)
+        if record is None:
+            return
+        now_lease = self.store.lease_of(task)
+        if record.view.resource_version != task.resource_version or (
+            (now_lease.view.resource_version if now_lease else None)
+            != (lease.resource_version if lease else None)
+        ):
+            self.agenda.decide(key)
+        else:
+            self.agenda.poke()  # it may be queued again
 
     async def apply(
         self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int
     ) -> None:
-        """``credits``: ``Controller.credits`` when the decision was made."""
-        c = self.c
+        """``credits``: the count of give-backs when the decision was made."""
         key = task.key
         try:
             await self._apply_decision(task, lease, decision, credits)
         except NotLeading:
-            # Not sent (see Controller.call): looked at again if we still lead then.
-            c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))
+            # Not sent (see RequestGate.call): looked at again if we still lead then.
+            self.retry_later(key)
         except KubeError as err:
-            c.stats.unknown += 1
+            self.stats.unknown += 1
             log.warning("write for %s/%s had an unknown outcome: %s", *key, err)
-            c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))
+            self.retry_later(key)
         finally:
-            c.done(key)
-            c.redecide_if_changed(task, lease)
+            self.write_ended(task, lease)
 
     async def _apply_decision(
         self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int
     ) -> None:
-        c = self.c
         key = task.key
         transition = decision.transition
         refusal = decision.refusal
@@ -94,23 +134,23 @@ class Committer:
             transition = counted if transition is None else transition.then(counted)
         if decision.confirm_expiry and lease is not None:
             # A stalled watch looks exactly like a dead holder: read the Lease itself.
-            current = await c.confirmer.read(lease)
+            current = await self.confirmer.read(lease)
             if current.ok and current.body is not None:
                 if current.body["metadata"].get("resourceVersion") != lease.resource_version:
-                    c.stats.expiries_dropped += 1
+                    self.stats.expiries_dropped += 1
                     log.info("lease %s/%s changed after all; not expired", *lease.key)
-                    c.observe_lease(current.body)
+                    self._observe_lease(current.body)
                     return
             elif current.status is Status.GONE:
-                c.observe_lease(gone(lease), deleted=True)
+                self._observe_lease(gone(lease), deleted=True)
                 return
-        if decision.confirm_expiry and c.credits != credits:
+        if decision.confirm_expiry and self.credits() != credits:
             # Time was given back to every Lease since the expiry was judged (the API
             # server answered nothing for a while, its reply to the read above maybe the
             # first thing it said): the holder could not renew meanwhile. Decide again.
-            c.stats.expiries_dropped += 1
+            self.stats.expiries_dropped += 1
             log.info("expiry of %s/%s not committed: time was given back to the leases", *key)
-            c.push_timer(c.clock.monotonic(), (TIMER_TASK, key))
+            self.retry_later(key, 0.0)
             return
         if transition is not None:
             committed = await self.commit(task, transition, decision)
@@ -120,73 +160,109 @@ class Committer:
                 self._refuse(task, lease, refusal)
         if decision.lease is LeaseOp.DELETE and lease is not None:
             # Tidying up: the decision is committed; its task is not held up by this.
-            c.spawn(self.delete_lease(key, lease))
+            self.gate.spawn(self.delete_lease(key, lease))
         elif decision.lease is LeaseOp.WRITE_GRANT:
-            granted = c.tasks.get(key)
+            granted = self.store.task(key)
             if granted is not None and granted.active:
-                await self.write_grant(granted, c.leases.get(c.task_lease_key(granted)))
+                current_lease = self.store.lease_of(granted)
+                await self.write_grant(granted, current_lease.view if current_lease else None)
+
+    def _observe_lease(self, body: Body, *, deleted: bool = False) -> None:
+        self.store.observe_lease(body, deleted=deleted, now=self.clock.monotonic(), wall_age=0.0)
+        self.agenda.poke()
 
     async def delete_lease(self, key: Key, lease: LeaseView) -> None:
         """Delete the Lease of an attempt that ended -- the one the decision saw: if it
         changed since (a new grant replaced it), the delete is refused (409) and the
         Lease stays. It tells a holder that is still alive at once that it lost the
         claim; nothing else waits on it, so it goes out after the decisions' requests."""
-        c = self.c
-        if lease.key in self._deleting:
+        record = self.store.leases.get(lease.key)
+        if record is None or record.deleting:
             return
-        self._deleting.add(lease.key)
+        record.deleting = True
         try:
-            reply = await c.call_low(
-                c.kube.delete_lease, lease.namespace, lease.name, lease.resource_version
+            reply = await self.gate.call_low(
+                self.kube.delete_lease, lease.namespace, lease.name, lease.resource_version
             )
         except KubeError as err:
             log.info("deleting Lease %s/%s had an unknown outcome: %s", *lease.key, err)
-            c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))  # decide again
+            self.retry_later(key)  # decide again
             return
         finally:
-            self._deleting.discard(lease.key)
+            record.deleting = False
         if reply.ok or reply.status is Status.GONE:
-            c.observe_lease(gone(lease), deleted=True)
+            self._observe_lease(gone(lease), deleted=True)
+        elif reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+            log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
+            self.retry_later(key, REFUSED_SECONDS)
 
     def _refuse(self, task: TaskView, lease: LeaseView, refusal: claims.Refusal) -> None:
-        c = self.c
-        c.refused[lease.key] = lease.report or ""
+        record = self.store.leases.get(lease.key)
+        if record is not None:
+            record.refused_report = lease.report or ""
         if refusal.stale:
             metrics.STALE_REPORTS.inc()
         else:
             metrics.UNPROCESSABLE.labels("Report", "Unreadable").inc()
-        c.events.record(
+        self.events.record(
             involved(task), reason=refusal.reason, message=refusal.message, warning=True
         )
         log.warning("refused a report on %s/%s: %s", task.namespace, task.name, refusal.message)
+
+    async def write_status(self, task: TaskView, patch: Body) -> Reply:
+        """A decision's status write: a CAS on the resourceVersion it was decided on."""
+        return await self.gate.call(
+            self.kube.patch_status,
+            TASK_PLURAL,
+            task.namespace,
+            task.name,
+            task.resource_version,
+            patch,
+        )
+
+    def refused_by_rbac(self, task: TaskView, message: str) -> None:
+        """A write of ours was refused for our credentials (401/403): not the task's fault,
+        nothing it can change. Said loudly, looked at again much later."""
+        self.stats.refused += 1
+        metrics.UNPROCESSABLE.labels("AgentTask", "Forbidden").inc()
+        log.error("status write of %s/%s forbidden: %s", task.namespace, task.name, message)
+        self.retry_later(task.key, REFUSED_SECONDS)
 
     async def commit(
         self, task: TaskView, transition: lifecycle.Transition, decision: Decision
     ) -> bool:
         """Write ``transition`` with a CAS on the task; record its events and metrics."""
-        c = self.c
         key = task.key
-        reply = await c.write_task_status(task, transition.patch)
+        reply = await self.write_status(task, transition.patch)
         if reply.status is Status.INVALID:
             await self.refused_for_good(task, transition, reply.message)
             return False
+        if reply.status is Status.FORBIDDEN:
+            self.refused_by_rbac(task, reply.message)
+            return False
         if not reply.ok or reply.body is None:
-            c.stats.conflicts += 1
+            # 409 / 404: the task changed or went: its event decides again.
+            self.stats.conflicts += 1
             metrics.COMMIT_CONFLICTS.labels("AgentTask").inc()
             log.info("%s of %s/%s lost a race; will re-decide", transition.reason or "update", *key)
+            record = self.store.tasks.get(key)
+            if record is not None:
+                record.lost_race_at = task.resource_version
             return False
-        now = c.clock.monotonic()
+        now = self.clock.monotonic()
         if decision.confirm_expiry:
             self._expiry_lag(task, now)
-        c.observe_task(reply.body)
-        updated = c.tasks.get(key, task)
-        if "progress" in transition.patch:
-            c.progress_written[key] = now
-        if decision.grace_deadline is not None:
-            c.grace[key] = Grace(task.status.fencing_token or 0, decision.grace_deadline)
-            c.push_timer(decision.grace_deadline, (TIMER_TASK, key))
+        updated = self.store.observe_task(reply.body) or task
+        record = self.store.tasks.get(key)
+        if record is not None:
+            if "progress" in transition.patch:
+                record.progress_written = now
+            if decision.grace_deadline is not None:
+                record.grace = Grace(task.status.fencing_token or 0, decision.grace_deadline)
+                self.agenda.at(decision.grace_deadline, (TIMER_TASK, key))
         if decision.suspect is not None:
-            c.ready.expired_claim((task.namespace, decision.suspect), now)
+            self.readiness.expired_claim((task.namespace, decision.suspect), now)
         if decision.completion is not None:
             metrics.COMPLETIONS.labels(decision.completion).inc()
         if decision.unprocessable is not None:
@@ -197,9 +273,9 @@ class Committer:
     def _expiry_lag(self, task: TaskView, now: float) -> None:
         """How late an expiry decision was committed: from the claim's expiry (or the end
         of the grace period it was given) by our clock."""
-        c = self.c
-        due = c.claim_expires_at(task)
-        grace = c.grace.get(task.key)
+        due = self.store.claim_expires_at(task)
+        record = self.store.tasks.get(task.key)
+        grace = record.grace if record is not None else None
         if due is not None and grace is not None and grace.token == task.status.fencing_token:
             due = max(due, grace.deadline)
         if due is not None and due <= now:
@@ -211,12 +287,11 @@ class Committer:
         """The API server will never take this write (422 / too large). Fail the attempt
         (or the task) saying why, with a smaller write; if even that is refused, say so
         in an Event and stop trying for a while -- never a retry every pass."""
-        c = self.c
         key = task.key
         log.error("status write of %s/%s refused: %s", *key, message)
         metrics.UNPROCESSABLE.labels("AgentTask", "StatusRefused").inc()
         fallback: lifecycle.Transition | None = None
-        now = c.clock.now()
+        now = self.clock.now()
         if transition.phase is not TaskPhase.FAILED or "error" not in transition.patch:
             fallback = lifecycle.unprocessable(
                 task.status,
@@ -225,28 +300,37 @@ class Committer:
                 now=now,
             )
         if fallback is not None:
-            reply = await c.write_task_status(task, fallback.patch)
+            reply = await self.write_status(task, fallback.patch)
             if reply.ok and reply.body is not None:
-                c.observe_task(reply.body)
-                self.record(c.tasks.get(key, task), fallback)
+                self.record(self.store.observe_task(reply.body) or task, fallback)
                 return
             if reply.status is not Status.INVALID:
                 return  # a race: decide again
-        c.unwritable[key] = c.clock.monotonic() + UNWRITABLE_SECONDS
-        c.events.record(
+        self.left_alone(key, UNWRITABLE_SECONDS)
+        self.events.record(
             involved(task),
             reason="Unprocessable",
             message=f"the API server refuses every status write of this task: {message}",
             warning=True,
         )
 
+    def left_alone(self, key: Key, seconds: float) -> None:
+        """Decide nothing about ``key`` for ``seconds`` (its writes are refused for good),
+        then look again."""
+        record = self.store.tasks.get(key)
+        if record is None:
+            return
+        until = self.clock.monotonic() + seconds
+        record.unwritable_until = until
+        self.store.changed.task(key, view=False)  # out of the queue until then
+        self.agenda.at(until, (TIMER_TASK, key))
+
     def record(self, task: TaskView, transition: lifecycle.Transition) -> None:
-        c = self.c
         about = involved(task)
         for reason, message, warning in transition.extra_events:
-            c.events.record(about, reason=reason, message=message, warning=warning)
+            self.events.record(about, reason=reason, message=message, warning=warning)
         if transition.reason:
-            c.events.record(
+            self.events.record(
                 about,
                 reason=transition.reason,
                 message=transition.message,
@@ -265,9 +349,8 @@ class Committer:
             metrics.HELD.inc()
 
     def grant_lease_body(self, task: TaskView) -> Body:
-        c = self.c
         status = task.status
-        now = micro_rfc3339(c.clock.now())
+        now = micro_rfc3339(self.clock.now())
         worker = str(status.worker)
         return {
             "apiVersion": "coordination.k8s.io/v1",
@@ -310,19 +393,19 @@ class Committer:
 
         A Lease of another task of this name (deleted and re-created) is replaced; one
         that already carries this token or a higher one is left for ``decide`` to judge.
+        A Lease the API server refuses for good leaves the task alone for a while.
         """
-        c = self.c
         body = self.grant_lease_body(task)
         name = body["metadata"]["name"]
         token = task.status.fencing_token or 0
         for _ in range(4):
             if lease is None:
                 body["metadata"].pop("resourceVersion", None)  # a create carries none
-                reply = await c.call(c.kube.create_lease, task.namespace, body)
+                reply = await self.gate.call(self.kube.create_lease, task.namespace, body)
                 if reply.status is Status.CONFLICT:
-                    got = await c.call(c.kube.get_lease, task.namespace, name)
+                    got = await self.gate.call(self.kube.get_lease, task.namespace, name)
                     if got.ok and got.body is not None:
-                        c.observe_lease(got.body)
+                        self._observe_lease(got.body)
                         lease = views.lease_view(got.body)
                     continue
             else:
@@ -330,17 +413,23 @@ class Committer:
                 if not foreign and lease.token is not None and lease.token >= token:
                     return
                 body["metadata"]["resourceVersion"] = lease.resource_version
-                reply = await c.call(c.kube.replace_lease, task.namespace, name, body)
+                reply = await self.gate.call(self.kube.replace_lease, task.namespace, name, body)
                 if reply.status in (Status.CONFLICT, Status.GONE):
                     lease = None
                     continue
             if reply.ok and reply.body is not None:
-                c.observe_lease(reply.body)
+                self._observe_lease(reply.body)
+            elif reply.status is Status.FORBIDDEN:
+                self.stats.refused += 1
+                log.error("grant Lease of %s/%s forbidden: %s", *task.key, reply.message)
+                self.retry_later(task.key, REFUSED_SECONDS)
             elif reply.status is Status.INVALID:
                 log.error(
                     "grant Lease of %s/%s refused: %s", task.namespace, task.name, reply.message
                 )
+                self.left_alone(task.key, UNWRITABLE_SECONDS)
             return
+        self.retry_later(task.key)  # the Lease kept changing under us: decide again
 
 
 def gone(lease: LeaseView) -> Body:
@@ -361,6 +450,3 @@ def involved(task: TaskView) -> Involved:
         uid=task.uid,
         resource_version=task.resource_version,
     )
-
-
-__all__ = ["RETRY_SECONDS", "Committer", "Grace", "gone", "involved"]

@@ -67,6 +67,9 @@ class OperatorConfig:
     # TOKEN_LEASE in LEADER_NAMESPACE).
     token_block: int = 1000
     token_lease: str = "agentq-fencing-tokens"
+    # INVARIANT_INTERVAL: how often the indexes are built afresh from the store and
+    # compared with the live ones (agentq_invariant_violations_total); also at each resync.
+    invariant_interval: float = 60.0
     # STALL_SECONDS: the event loop running this late means the process was stopped (or
     # starved): the time is given back to every Lease instead of counted against it.
     stall_seconds: float = 1.0
@@ -136,6 +139,7 @@ class OperatorConfig:
             "RESYNC_INTERVAL": ("resync_interval", float),
             "REQUEST_TIMEOUT": ("request_timeout", float),
             "API_SILENCE_SECONDS": ("api_silence_seconds", float),
+            "INVARIANT_INTERVAL": ("invariant_interval", float),
             "TOKEN_BLOCK": ("token_block", int),
             "WATCHER": ("watcher", str),
             "WRITER": ("writer", str),

@@ -31,14 +31,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from agentq import protocol
-from agentq.operator.port import Reply, Status
+from agentq.operator.cores import Cores
+from agentq.operator.gate import RequestGate
+from agentq.operator.port import Kube, Reply, Status
+from agentq.operator.work import Stats
 from agentq.views import LeaseView
-
-if TYPE_CHECKING:
-    from agentq.operator.controller import Controller
 
 log = logging.getLogger("agentq.controller")
 
@@ -55,17 +54,19 @@ class _Batch:
 class ExpiryConfirmer:
     """Reads Leases again for expiries, one request per worker at a time (see module doc)."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, *, gate: RequestGate, kube: Kube, cores: Cores, stats: Stats) -> None:
+        self.gate = gate
+        self.kube = kube
+        self.cores = cores
+        self.stats = stats
         self._open: dict[BatchKey, _Batch] = {}  # expiries gathering for the next read
         self._sending: dict[BatchKey, asyncio.Task[None]] = {}  # each worker's read
 
     async def read(self, lease: LeaseView) -> Reply:
         """The Lease as the API server has it now (a GET's reply for this one Lease)."""
-        c = self.c
-        c.stats.confirm_reads += 1
+        self.stats.confirm_reads += 1
         if not lease.worker_label:
-            return await c.call(c.kube.get_lease, lease.namespace, lease.name)
+            return await self.gate.call(self.kube.get_lease, lease.namespace, lease.name)
         key = (lease.namespace, lease.worker_label)
         batch = self._open.get(key)
         if batch is None:
@@ -76,30 +77,29 @@ class ExpiryConfirmer:
         if sender is None or sender.done():
             # In flight is judged by the task, not a flag its body clears: a read
             # cancelled before it ran (leadership lost) left its batch here unsent.
-            self._sending[key] = c.spawn(self._send(key))
+            self._sending[key] = self.gate.spawn(self._send(key))
         batch.names.add(lease.name)
         replies = await asyncio.shield(batch.done)
         reply = replies.get(lease.name)
         if reply is not None:
             return reply
-        return await c.call(c.kube.get_lease, lease.namespace, lease.name)
+        return await self.gate.call(self.kube.get_lease, lease.namespace, lease.name)
 
     async def _send(self, key: BatchKey) -> None:
-        c = self.c
         namespace, worker = key
         batch: _Batch | None = None
         try:
-            async with c.sending("confirming expiries"):
+            async with self.gate.sending("confirming expiries"):
                 # From here on nobody joins: the read goes out after every request in it.
                 batch = self._open.pop(key)
                 replies: dict[str, Reply] = {}
                 if self._worth_a_list(namespace, worker, len(batch.names)):
-                    c.stats.confirm_lists += 1
-                    listed = await c.kube.list_leases(namespace, selector(worker))
+                    self.stats.confirm_lists += 1
+                    listed = await self.kube.list_leases(namespace, selector(worker))
                     replies = found(listed, batch.names)
                 else:
                     for name in sorted(batch.names):
-                        replies[name] = await c.kube.get_lease(namespace, name)
+                        replies[name] = await self.kube.get_lease(namespace, name)
         except asyncio.CancelledError:
             for pending in (batch, self._open.pop(key, None)):
                 if pending is not None:
@@ -114,7 +114,7 @@ class ExpiryConfirmer:
             if batch is not None:
                 batch.done.set_result(replies)
         if key in self._open:  # what gathered while this read was out
-            self._sending[key] = c.spawn(self._send(key))
+            self._sending[key] = self.gate.spawn(self._send(key))
         else:
             del self._sending[key]
 
@@ -124,7 +124,7 @@ class ExpiryConfirmer:
         of which 3 expire is read with 3 GETs, not a LIST of 1,000)."""
         if asked < 2:
             return False
-        scheduler = self.c.schedulers.get(namespace)
+        scheduler = self.cores.get(namespace)
         if scheduler is None or not scheduler.has_worker(worker):
             return True  # its claims are not counted here: one LIST is the safe bet
         return asked * LIST_SHARE >= scheduler.worker_state(worker).in_flight

@@ -22,18 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentq import claims, lifecycle, protocol
+from agentq.clock import Clock
 from agentq.operator import metrics
-from agentq.operator.cache import TIMER_BACKOFF, TIMER_TASK
-from agentq.operator.commit import RETRY_SECONDS
+from agentq.operator.commit import Committer
+from agentq.operator.cores import Cores
+from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, RequestGate
+from agentq.operator.indexes import Indexes
 from agentq.operator.port import KubeError, NotLeading, Status
+from agentq.operator.publish import Publisher
+from agentq.operator.store import Store
+from agentq.operator.tokens import TokenAllocator
+from agentq.operator.work import Stats
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
 from agentq.views import TaskView
 
-if TYPE_CHECKING:
-    from agentq.operator.controller import Controller
+__all__ = ["Dispatcher"]
 
 log = logging.getLogger("agentq.controller")
 
@@ -41,49 +47,69 @@ log = logging.getLogger("agentq.controller")
 class Dispatcher:
     """Grants pending tasks to workers (see the module docstring)."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(
+        self,
+        *,
+        store: Store,
+        indexes: Indexes,
+        cores: Cores,
+        tokens: TokenAllocator,
+        gate: RequestGate,
+        committer: Committer,
+        publisher: Publisher,
+        clock: Clock,
+        stats: Stats,
+        batch: int,
+    ) -> None:
+        self.store = store
+        self.indexes = indexes
+        self.cores = cores
+        self.tokens = tokens
+        self.gate = gate
+        self.committer = committer
+        self.publisher = publisher
+        self.clock = clock
+        self.stats = stats
+        self.batch = batch  # most grants in flight at once (DISPATCH_BATCH)
         self.grants: set[asyncio.Task[Any]] = set()  # grants in flight
         self._refill: asyncio.Task[None] | None = None  # the token refill in flight
 
     def dispatch(self) -> None:
         """Pop the oldest dispatchable heads into the DRR core while workers have room."""
-        c = self.c
-        budget = c.config.dispatch_batch - len(self.grants)
+        budget = self.batch - len(self.grants)
         if budget <= 0:
             return
-        for namespace in c.queue.namespaces():
-            scheduler = c.schedulers.get(namespace)
+        queue = self.indexes.queue
+        for namespace in queue.namespaces():
+            scheduler = self.cores.get(namespace)
             if scheduler is None:
                 continue
             blocked: set[frozenset[str]] = set()
             while budget > 0:
                 best: tuple[str, str, frozenset[str]] | None = None
-                for required in c.queue.sets(namespace):
+                for required in queue.sets(namespace):
                     if required in blocked:
                         continue
-                    head = c.queue.head(namespace, required)
+                    head = queue.head(namespace, required)
                     if head is not None and (best is None or head < best[:2]):
                         best = (head[0], head[1], required)
                 if best is None:
                     break
                 _, name, required = best
                 key = (namespace, name)
-                task = c.tasks.get(key)
-                if key in c.busy:
+                record = self.store.tasks.get(key)
+                if record is not None and record.busy:
                     # A write about it is in flight (its reclaim, say): it stays at the head
                     # and the set waits for the next step.
                     blocked.add(required)
                     continue
-                if (
-                    task is None
-                    or not task.pending
-                    or task.problem is not None
-                    or c.backoff_due(task) is not None  # its timer queues it again
-                ):
-                    c.queue.pop(namespace, required)
+                if record is None or not record.view.pending:
+                    # Not grantable after all (the invariants say this never happens):
+                    # off the queue; the record's next change puts it back if it should.
+                    queue.pop(namespace, required)
                     continue
-                token = c.tokens.take(task.status.fencing_token or 0)
+                task = record.view
+                token = self.tokens.take(task.status.fencing_token or 0)
                 if token is None:
                     self._refill_tokens()
                     return
@@ -101,11 +127,11 @@ class Dispatcher:
                 if not planned:
                     blocked.add(required)  # no worker can take this set now: skip it whole
                     continue
-                c.queue.pop(namespace, required)
+                queue.pop(namespace, required)
                 budget -= 1
-                c.busy.add(key)
-                c.publisher.mark((namespace, planned[0].worker))
-                grant = c.spawn(self._grant(scheduler, task, planned[0], token))
+                self.store.start_write(record, granting=planned[0].worker)
+                self.publisher.mark((namespace, planned[0].worker))
+                grant = self.gate.spawn(self._grant(scheduler, task, planned[0], token))
                 # Counted until done, even if cancelled before it ran (leadership lost).
                 self.grants.add(grant)
                 grant.add_done_callback(self.grants.discard)
@@ -115,24 +141,23 @@ class Dispatcher:
         the task itself, not a flag its body clears: a refill cancelled before it ran
         (leadership lost in the step that spawned it) never runs a ``finally``, and a
         flag left set would stop every dispatch for good after the lead came back."""
-        c = self.c
         if self._refill is not None and not self._refill.done():
             return
 
         async def refill() -> None:
             try:
-                await c.tokens.refill()
+                await self.tokens.refill()
             except KubeError as err:
                 log.warning("could not reserve fencing tokens: %s", err)
                 await asyncio.sleep(RETRY_SECONDS)
 
-        self._refill = c.spawn(refill())
+        self._refill = self.gate.spawn(refill())
 
     async def _grant(
         self, scheduler: Scheduler, task: TaskView, assignment: Assignment, token: int
     ) -> None:
-        c = self.c
         key = task.key
+        committer = self.committer
         committed = False
         try:
             transition = lifecycle.grant(
@@ -140,56 +165,61 @@ class Dispatcher:
                 worker=assignment.worker,
                 lease_name=protocol.task_lease_name(task.name),
                 token=token,
-                now=c.clock.now(),
+                now=self.clock.now(),
             )
-            reply = await c.write_task_status(task, transition.patch)
+            reply = await committer.write_status(task, transition.patch)
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
-                await c.committer.refused_for_good(task, transition, reply.message)
-                until = c.unwritable.get(key)
-                if until is not None:  # left alone for a while: back in the queue after it
-                    c.push_timer(until, (TIMER_BACKOFF, key))
+                await committer.refused_for_good(task, transition, reply.message)
+                return
+            if reply.status is Status.FORBIDDEN:
+                scheduler.abort(assignment)
+                committer.refused_by_rbac(task, reply.message)
+                self._pause(key, REFUSED_SECONDS)
                 return
             if not reply.ok or reply.body is None:
+                # 409 / 404: the task changed or went; its event decides again.
                 scheduler.abort(assignment)
-                c.stats.conflicts += 1
+                self.stats.conflicts += 1
                 metrics.COMMIT_CONFLICTS.labels("AgentTask").inc()
+                record = self.store.tasks.get(key)
+                if record is not None:
+                    record.lost_race_at = task.resource_version
                 return
             committed = True
-            c.observe_task(reply.body)
-            updated = c.tasks.get(key)
+            updated = self.store.observe_task(reply.body)
             if updated is None:
                 return  # deleted meanwhile: no Lease for it
-            await c.committer.write_grant(updated, c.leases.get(c.task_lease_key(updated)))
-            c.stats.grants += 1
-            c.committer.record(updated, transition)
+            lease = self.store.lease_of(updated)
+            await committer.write_grant(updated, lease.view if lease is not None else None)
+            self.stats.grants += 1
+            committer.record(updated, transition)
             metrics.DISPATCHES.labels(task.namespace).inc()
-            since = c.pending_since.pop(key, None)
-            if since is not None:
-                metrics.DISPATCH_LATENCY.observe(c.clock.monotonic() - since)
+            record = self.store.tasks.get(key)
+            if record is not None and record.pending_since is not None:
+                metrics.DISPATCH_LATENCY.observe(self.clock.monotonic() - record.pending_since)
         except NotLeading:
             # Not sent: our lease may have passed to a standby while this grant waited.
             if committed:  # the status is written, its Lease not: a leader repairs it
-                c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))
+                committer.retry_later(key)
             else:
                 scheduler.abort(assignment)
-                c.requeue(key)
         except KubeError as err:
             if not committed:
+                # Unknown outcome: if the grant was written, the watch shows it (the core's
+                # load follows the task's status); if it was not, the task is still
+                # pending and waits a pause before it is granted again, as a retry's
+                # backoff (a second grant on the old status would lose its CAS).
                 scheduler.abort(assignment)
-                # Unknown outcome: if the grant was written, the watch may have shown it
-                # already (and will, if not): the core's load follows the task's status.
-                c.sync_load(key)
-                # If it was not, the task is still pending: back into the queue after a
-                # pause, as a retry's backoff (a written grant's event takes it out of the
-                # queue; a second grant on the old status would lose its CAS).
-                c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_BACKOFF, key))
-            c.stats.unknown += 1
+                self._pause(key, RETRY_SECONDS)
+            self.stats.unknown += 1
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
-            c.push_timer(c.clock.monotonic() + RETRY_SECONDS, (TIMER_TASK, key))
+            committer.retry_later(key)
         finally:
-            c.done(key)
-            c.redecide_if_changed(task, None)
+            committer.write_ended(task, None)
 
-
-__all__ = ["Dispatcher"]
+    def _pause(self, key: tuple[str, str], seconds: float) -> None:
+        """Not granted again before ``seconds`` from now."""
+        record = self.store.tasks.get(key)
+        if record is not None:
+            record.retry_at = self.clock.monotonic() + seconds

@@ -83,6 +83,12 @@ UNPROCESSABLE = Counter(
     "Inputs refused as unprocessable (a task, a report, a Lease, a worker), by reason.",
     ["kind", "reason"],
 )
+INVARIANT_VIOLATIONS = Counter(
+    "agentq_invariant_violations_total",
+    "Differences found between an index and what the store's records say (each is a bug: "
+    "the log names the object; the index is rebuilt at the next resync).",
+    ["index"],
+)
 EVENTS_DROPPED = Counter(
     "agentq_events_dropped_total",
     "Kubernetes Events not recorded because the API server was too slow to take them.",

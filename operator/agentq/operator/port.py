@@ -31,6 +31,9 @@ class Status(enum.Enum):
     # 400 / 413 / 422, or etcd's "request is too large": this write can never succeed as
     # it is. The controller turns it into a visible state instead of retrying forever.
     INVALID = "invalid"
+    # 401 (the credentials refreshed and still refused) / 403: we may not do this (RBAC).
+    # A known refusal, not an unknown outcome: retried slowly, and said loudly.
+    FORBIDDEN = "forbidden"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,8 @@ def reply_for(code: int, body: Any, text: str) -> Reply:
         return Reply(Status.CONFLICT, None, message)
     if code == 404:
         return Reply(Status.GONE, None, message)
+    if code in (401, 403):
+        return Reply(Status.FORBIDDEN, None, message)
     if code in (400, 413, 422) or "too large" in message:
         return Reply(Status.INVALID, None, message)
     raise KubeError(f"HTTP {code}: {message}", code)

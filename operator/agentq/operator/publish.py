@@ -26,21 +26,22 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentq import claims
 from agentq.claims import Readiness
-from agentq.clock import rfc3339
+from agentq.clock import Clock, rfc3339
 from agentq.models import WORKER_PLURAL
 from agentq.operator import metrics
-from agentq.operator.cache import TIMER_PUBLISH, Key
-from agentq.operator.commit import RETRY_SECONDS
-from agentq.operator.port import KubeError, Reply, Status
+from agentq.operator.config import OperatorConfig
+from agentq.operator.cores import Cores
+from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, RequestGate
+from agentq.operator.indexes import Indexes
+from agentq.operator.port import Kube, KubeError, Reply, Status
+from agentq.operator.store import PublishState, Store, WorkerRecord
+from agentq.operator.work import TIMER_PUBLISH, Agenda, Stats
 from agentq.scheduler import WorkerState
-from agentq.views import WorkerView
-
-if TYPE_CHECKING:
-    from agentq.operator.controller import Controller
+from agentq.views import Key, WorkerView
 
 log = logging.getLogger("agentq.controller")
 
@@ -48,76 +49,90 @@ log = logging.getLogger("agentq.controller")
 class Publisher:
     """Worker status and gauges; owns when each worker's status may next be written."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
-        config = controller.config
-        self.due: dict[Key, float] = {}  # worker -> when its status may be written
+    def __init__(
+        self,
+        *,
+        store: Store,
+        indexes: Indexes,
+        cores: Cores,
+        agenda: Agenda,
+        gate: RequestGate,
+        kube: Kube,
+        clock: Clock,
+        config: OperatorConfig,
+        stats: Stats,
+    ) -> None:
+        self.store = store
+        self.indexes = indexes
+        self.cores = cores
+        self.agenda = agenda
+        self.gate = gate
+        self.kube = kube
+        self.clock = clock
+        self.config = config
+        self.stats = stats
         self.now: set[Key] = set()  # workers whose status is due this step
-        self.urgent: set[Key] = set()  # ...of which a change of readiness or phase
-        self.written: dict[Key, float] = {}  # worker -> when we last wrote its status
-        self.writing: set[Key] = set()  # workers with a status write in flight
         self.moved: set[Key] = set()  # workers whose metrics are behind the core
-        self.since = controller.clock.monotonic()  # counts wait an interval from here
+        self.since = clock.monotonic()  # counts wait an interval from here
         self._budget = config.worker_status_qps
         self._counts_budget = min(1.0, config.worker_counts_qps)
-        self._budget_at = controller.clock.monotonic()
+        self._budget_at = clock.monotonic()
         self._last_gauges = -math.inf
 
     def reset(self) -> None:
         """This replica starts leading: nothing is due, counts wait an interval (the
         controller then marks every worker urgent, to compare what it shows). The writes
         of the last time it led were cancelled, and one cancelled before it ran never
-        cleared its worker from ``writing``: left there, that worker's status would never
-        be written again."""
-        self.writing.clear()
-        self.due.clear()
+        cleared its worker's ``writing``: left so, its status would never be written
+        again."""
+        for record in self.store.workers.values():
+            record.publish = PublishState(written_at=record.publish.written_at)
         self.now.clear()
-        self.urgent.clear()
-        self.since = self.c.clock.monotonic()
+        self.since = self.clock.monotonic()
 
     def forget(self, key: Key) -> None:
-        """The worker is gone: drop what we remember of it."""
-        self.written.pop(key, None)
-        self.due.pop(key, None)
+        """The worker is gone: its series go too (its record went with it)."""
         self.now.discard(key)
-        self.urgent.discard(key)
         self.moved.discard(key)
         metrics.forget_worker(*key)
 
     def mark(self, key: Key, *, urgent: bool = False, delay: float = 0.0) -> None:
         """The worker's status may have changed: publish it when its interval allows
         (``urgent``: a change of readiness or phase, at once), not before ``delay``."""
-        c = self.c
-        now = c.clock.monotonic()
+        record = self.store.workers.get(key)
+        if record is None:
+            return
+        state = record.publish
+        now = self.clock.monotonic()
         self.moved.add(key)
         due = now + delay
         if urgent:
-            self.urgent.add(key)
+            state.urgent = True
         else:
-            due = max(due, self.written.get(key, self.since) + c.config.worker_status_interval)
-        current = self.due.get(key)
-        if current is not None and current <= due:
+            written = state.written_at if state.written_at is not None else self.since
+            due = max(due, written + self.config.worker_status_interval)
+        if state.due is not None and state.due <= due:
             return
-        self.due[key] = due
+        state.due = due
         if due <= now:
             self.now.add(key)
-            c.poke()
+            self.agenda.poke()
         else:
-            c.push_timer(due, (TIMER_PUBLISH, key))
+            self.agenda.at(due, (TIMER_PUBLISH, key))
 
-    def check(self, worker: WorkerView) -> None:
-        """The API server shows ``worker``'s status: if its phase or Ready condition is not
-        what it should be (an older write landed last, or someone else wrote), write it
-        again. Not while our own write of it is in flight (its reply is compared)."""
-        c = self.c
-        ready = c.ready.of.get(worker.key)
-        if not c.leading or ready is None or worker.key in self.writing:
+    def check(self, record: WorkerRecord) -> None:
+        """The API server shows the worker's status: if its phase or Ready condition is
+        not what it should be (an older write landed last, or someone else wrote), write
+        it again. Not while our own write of it is in flight (its reply is compared)."""
+        ready = record.readiness
+        if ready is None or record.publish.writing:
             return
+        worker = record.view
         shown = ready_condition(worker)
         if shown != (ready[0].value, ready[1]) or (
             worker.status.phase != claims.worker_phase(ready[0])
         ):
-            if worker.key not in self.urgent:
+            if not record.publish.urgent:
                 log.info(
                     "worker %s/%s: its status shows %s, not %s: written again",
                     *worker.key,
@@ -128,67 +143,53 @@ class Publisher:
 
     def timer(self, key: Key, now: float) -> None:
         """A publish timer of ``key`` fired."""
-        due = self.due.get(key)
-        if due is None:
+        record = self.store.workers.get(key)
+        if record is None or record.publish.due is None:
             return
-        if due <= now:
+        if record.publish.due <= now:
             self.now.add(key)
         else:
-            # The timer keeps one entry per worker, the earliest: this one was pushed for
-            # an earlier time that an urgent write has since moved. Look again then.
-            self.c.push_timer(due, (TIMER_PUBLISH, key))
+            # Pushed for an earlier time that an urgent write has since moved: look again.
+            self.agenda.at(record.publish.due, (TIMER_PUBLISH, key))
 
     def publish(self) -> None:
         """Write the status of the workers whose status is due and changed (see the module
         docstring)."""
-        c = self.c
-        now = c.clock.monotonic()
-        qps, counts_qps = c.config.worker_status_qps, c.config.worker_counts_qps
+        now = self.clock.monotonic()
+        qps, counts_qps = self.config.worker_status_qps, self.config.worker_counts_qps
         elapsed = now - self._budget_at
         self._budget = min(qps, self._budget + elapsed * qps)
         self._counts_budget = min(max(1.0, counts_qps), self._counts_budget + elapsed * counts_qps)
         self._budget_at = now
         if not self.now:
             return
-        stamp = rfc3339(c.clock.now())
+        stamp = rfc3339(self.clock.now())
         waiting = {True: 0, False: 0}  # workers put off for the budget, urgent or not
         for key in list(self.now):
-            if key in self.writing:
-                continue  # when its write in flight is done (``_write`` pokes the loop)
-            urgent = key in self.urgent
+            record = self.store.workers.get(key)
+            if record is None:
+                self.now.discard(key)
+                continue
+            state = record.publish
+            if state.writing:
+                continue  # when its write in flight is done (it pokes the loop)
+            urgent = state.urgent
             budget = self._budget if urgent else self._counts_budget
             if budget < 1:
                 # Over the rate: each waits for its turn of the budget (not all for the
                 # same moment, to be put off again but one).
                 rate = qps if urgent else counts_qps
                 self.now.discard(key)
-                self.due[key] = now + (1 - budget + waiting[urgent]) / rate
+                state.due = now + (1 - budget + waiting[urgent]) / rate
                 waiting[urgent] += 1
-                c.push_timer(self.due[key], (TIMER_PUBLISH, key))
+                self.agenda.at(state.due, (TIMER_PUBLISH, key))
                 continue
             self.now.discard(key)
-            self.urgent.discard(key)
-            self.due.pop(key, None)
-            worker = c.workers.get(key)
-            if worker is None:
-                continue
-            scheduler = c.schedulers.get(key[0])
-            ready = c.ready.of.get(key, (Readiness.LEASE_MISSING, "no Lease seen yet"))
-            if scheduler is not None and scheduler.has_worker(key[1]):
-                state = scheduler.worker_state(key[1])
-            else:
-                state = shown_counts(worker)  # not in the core: its spec is unreadable
-            status = claims.worker_status(
-                worker,
-                ready,
-                in_flight=state.in_flight,
-                in_flight_cost=state.in_flight_cost,
-                served_cost=state.served_cost,
-                deficit=state.deficit,
-                tasks=state.tasks,
-                stamp=stamp,
-            )
-            same_ready = ready_condition(worker) == (ready[0].value, ready[1])
+            state.urgent = False
+            state.due = None
+            status = self._status(record, stamp)
+            worker = record.view
+            same_ready = ready_condition(worker) == _ready_of(record)
             counts = {k: v for k, v in status.items() if k not in ("deficit", "conditions")}
             if same_ready and claims.same_worker_status(worker.status, counts):
                 continue
@@ -196,25 +197,45 @@ class Publisher:
                 self._budget -= 1
             else:
                 self._counts_budget -= 1
-            self.written[key] = now
-            self.writing.add(key)
-            c.stats.worker_status_writes += 1
-            c.spawn(self._write(worker, status, urgent=urgent))
+            state.written_at = now
+            state.writing = True
+            self.stats.worker_status_writes += 1
+            self.gate.spawn(self._write(worker, status, urgent=urgent))
+
+    def _status(self, record: WorkerRecord, stamp: str) -> dict[str, Any]:
+        key = record.key
+        core = self.cores.get(key[0])
+        if core is not None and core.has_worker(key[1]):
+            state = core.worker_state(key[1])
+        else:
+            state = shown_counts(record.view)  # not in the core: its spec is unreadable
+        ready = record.readiness or (Readiness.LEASE_MISSING, "no Lease seen yet")
+        return claims.worker_status(
+            record.view,
+            ready,
+            in_flight=state.in_flight,
+            in_flight_cost=state.in_flight_cost,
+            served_cost=state.served_cost,
+            deficit=state.deficit,
+            tasks=state.tasks,
+            stamp=stamp,
+        )
 
     async def _write(self, worker: WorkerView, status: dict[str, Any], *, urgent: bool) -> None:
-        c = self.c
         key = worker.key
         reply: Reply | None = None
         try:
             # Worker status is a report, not a decision: no precondition, last write wins
             # (one write per worker at a time, so the last one sent is the last one made).
-            reply = await c.call(
-                c.kube.patch_status, WORKER_PLURAL, worker.namespace, worker.name, None, status
+            reply = await self.gate.call(
+                self.kube.patch_status, WORKER_PLURAL, worker.namespace, worker.name, None, status
             )
         except KubeError as err:
             log.info("status of worker %s/%s: unknown outcome (%s)", *key, err)
         finally:
-            self.writing.discard(key)
+            record = self.store.workers.get(key)
+            if record is not None:
+                record.publish.writing = False
         if reply is None:
             # Written again after a pause (compared with what it should show by then).
             self.mark(key, urgent=urgent, delay=RETRY_SECONDS)
@@ -228,38 +249,47 @@ class Publisher:
             return
         if reply.status is Status.GONE:
             return  # the worker was deleted: its DELETED event follows
+        if reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+            log.error("status of worker %s/%s refused: %s", *key, reply.message)
+            self.mark(key, urgent=urgent, delay=REFUSED_SECONDS)
+            return
         if reply.ok and reply.body is not None:
-            c.observe_worker(reply.body)
-        current = c.workers.get(key)
-        if current is not None:
-            self.check(current)  # a change made while the write was in flight, too
+            self.store.observe_worker(reply.body)
+        # Compared with what it should show by the step (a change made while the write
+        # was in flight, too).
+        if key in self.store.workers:
+            self.store.changed.workers[key] = None
+            self.agenda.poke()
 
     def gauges(self) -> None:
         """The gauges kept by the indexes, refreshed at most once a second."""
-        c = self.c
-        now = c.clock.monotonic()
+        now = self.clock.monotonic()
         if now - self._last_gauges < 1.0:
             return
         self._last_gauges = now
         self._worker_metrics()
-        for phase, count in c.phase_counts.items():
+        for phase, count in self.indexes.phases.items():
             metrics.TASKS_BY_PHASE.labels(phase).set(count)
         metrics.PENDING.clear()
         metrics.UNSCHEDULABLE.clear()
         metrics.OLDEST_PENDING.clear()
+        queue = self.indexes.queue
         pending: dict[str, int] = {}
-        for namespace in c.queue.namespaces():
+        for namespace in queue.namespaces():
             unschedulable = 0
-            for required, entry in c.queue.sets(namespace).items():
+            for required, entry in queue.sets(namespace).items():
                 label = ",".join(sorted(required)) or "-"
                 pending[label] = pending.get(label, 0) + len(entry.members)
-                if c.uncovered.get((namespace, required)):
+                if self.indexes.uncovered.get((namespace, required)):
                     unschedulable += len(entry.members)
-                head = c.queue.head(namespace, required)
+                head = queue.head(namespace, required)
                 if head is not None:
-                    since = c.pending_since.get((namespace, head[1]))
-                    if since is not None:
-                        metrics.OLDEST_PENDING.labels(namespace, label).set(now - since)
+                    record = self.store.tasks.get((namespace, head[1]))
+                    if record is not None and record.pending_since is not None:
+                        metrics.OLDEST_PENDING.labels(namespace, label).set(
+                            now - record.pending_since
+                        )
             metrics.UNSCHEDULABLE.labels(namespace).set(unschedulable)
         for label, count in pending.items():
             metrics.PENDING.labels(label).set(count)
@@ -267,24 +297,29 @@ class Publisher:
     def _worker_metrics(self) -> None:
         """The per-worker gauges of the workers whose core state moved since the last time
         (their status counts may wait; these need not)."""
-        c = self.c
         moved, self.moved = self.moved, set()
         for key in moved:
-            if key not in c.workers:
+            record = self.store.workers.get(key)
+            if record is None:
                 continue
-            ready = c.ready.of.get(key)
+            ready = record.readiness
             metrics.WORKER_READY.labels(*key).set(
                 1 if ready is not None and ready[0] is Readiness.READY else 0
             )
-            scheduler = c.schedulers.get(key[0])
-            if scheduler is None or not scheduler.has_worker(key[1]):
+            core = self.cores.get(key[0])
+            if core is None or not core.has_worker(key[1]):
                 continue  # not in the core (its spec is unreadable): readiness only
-            state = scheduler.worker_state(key[1])
+            state = core.worker_state(key[1])
             deficit = state.deficit
             if not math.isfinite(deficit):  # a denormal weight (as in the status)
                 deficit = 0.0 if math.isnan(deficit) else math.copysign(1e300, deficit)
             metrics.WORKER_DEFICIT.labels(*key).set(deficit)
             metrics.WORKER_IN_FLIGHT.labels(*key).set(state.in_flight)
+
+
+def _ready_of(record: WorkerRecord) -> tuple[str, str]:
+    ready = record.readiness or (Readiness.LEASE_MISSING, "no Lease seen yet")
+    return ready[0].value, ready[1]
 
 
 def shown_counts(worker: WorkerView) -> WorkerState:

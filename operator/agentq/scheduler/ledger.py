@@ -378,3 +378,14 @@ class Ledger(ABC):
         """The worker the core believes holds ``task``, if any."""
         hold = self._holds.get(task)
         return None if hold is None else hold.worker
+
+    def holds(self) -> dict[str, str]:
+        """Every task the core believes in flight, and its worker (a copy)."""
+        return {task: hold.worker for task, hold in self._holds.items()}
+
+    def worker_spec(self, name: str) -> WorkerSpec:
+        """The spec the core holds for ``name``."""
+        worker = self._workers.get(name)
+        if worker is None:
+            raise UnknownWorkerError(name)
+        return worker.spec

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from agentq.operator.cache import Dirty
+from agentq.operator.work import Dirty
 from builders import task
 from harness import Harness, run
 
@@ -82,7 +82,7 @@ async def test_writes_waiting_for_a_low_priority_slot_do_not_hold_up_the_decisio
     # low-priority slot while the decisions' requests go first -- 100 of them here.
     later = asyncio.Event()
     for _ in range(100):
-        h.controller.spawn(later.wait())
+        h.controller.gate.spawn(later.wait())
     h.clock.advance(3.5)
     await steps(h, 20)  # 80 reclaims at 32 a step take 3 steps, not one step each
     assert all(h.status(name).get("reclaims") == 1 for name in names), [

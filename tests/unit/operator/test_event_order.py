@@ -63,7 +63,7 @@ async def test_a_grant_whose_status_write_never_arrived_is_dispatched_again() ->
     assert h.controller.stats.unknown == 1 and h.phase("t") == "Pending"
     await h.advance(2)
     assert h.phase("t") == "Assigned"
-    assert h.controller.schedulers["ns"].worker_state("w1").in_flight == 1
+    assert h.core().worker_state("w1").in_flight == 1
 
 
 @run
@@ -109,7 +109,7 @@ async def test_a_late_status_reply_does_not_bring_back_a_deleted_worker() -> Non
     h.worker("w", "llm", lease_seconds=1000)
     await h.settle()  # Ready: its status is written, and the worker deleted
     assert h.kube.get("agentworkers", NS, "w") is None
-    assert (NS, "w") not in h.controller.workers
+    assert (NS, "w") not in h.controller.store.workers
     h.task(task("t").requires("llm"))
     await h.settle()
     assert h.phase("t") == "Pending"
@@ -202,7 +202,7 @@ async def test_a_pending_task_refused_for_good_is_dispatched_again_after_its_pau
     h.task(task("t").requires("llm"))
     await h.settle()
     assert h.phase("t") == "Pending"
-    until = h.controller.unwritable[(NS, "t")]
+    until = h.record("t").unwritable_until
     await h.advance(350)  # a resync (every 300 s) on the way
     await h.advance(until - h.clock.monotonic() + 0.5)
     assert h.phase("t") == "Assigned", h.status("t")
@@ -221,7 +221,7 @@ async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() ->
     h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
     h.renew("t", progress="step 1")  # its copy into status is refused for good
     await h.settle()
-    until = h.controller.unwritable[(NS, "t")]
+    until = h.record("t").unwritable_until
     await h.advance(350)  # a resync (every 300 s): still not to be written
     await h.advance(until - h.clock.monotonic() + 0.5)  # the holder died long ago
     assert h.phase("t") == "Pending", h.status("t")
@@ -248,4 +248,4 @@ async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothin
     gate.set()
     await h.settle()
     assert h.status("t").get("reclaims") == 1
-    assert (NS, "w1") not in h.controller.ready.suspect
+    assert (NS, "w1") not in h.controller.store.workers, "nothing is left of it"

@@ -78,7 +78,7 @@ async def test_a_lost_race_on_a_grant_gives_the_decision_back() -> None:
     await h.settle()
     assert h.status("t").get("worker") is None
     assert h.controller.stats.conflicts == 1
-    scheduler = h.controller.schedulers[NS]
+    scheduler = h.core()
     assert scheduler.worker_state("w1").in_flight == 0, "the aborted grant left no load"
     h.kube.edit("agenttasks", NS, "t", lambda b: b["metadata"].setdefault("labels", {}))
     await h.settle()  # the next event about the task decides again
@@ -101,7 +101,7 @@ async def test_a_grant_whose_reply_is_lost_is_finished_from_what_the_watch_shows
     lease = h.lease("t")
     assert lease is not None, "the grant's Lease was written from the watch's view"
     assert protocol.lease_token(lease["metadata"]["annotations"]) == status["fencingToken"]
-    assert h.controller.schedulers[NS].worker_state("w1").in_flight == 1
+    assert h.core().worker_state("w1").in_flight == 1
     assert h.controller.stats.unknown == 1
 
 
@@ -127,7 +127,7 @@ async def test_a_task_deleted_while_its_grant_is_written_gets_no_lease() -> None
     h.task(task("t").requires("llm"))
     await h.settle()
     assert h.lease("t") is None
-    assert h.controller.schedulers[NS].worker_state("w1").in_flight == 0
+    assert h.core().worker_state("w1").in_flight == 0
 
 
 @run
@@ -177,11 +177,9 @@ async def test_a_stalled_operator_gives_leases_the_stalled_time_back() -> None:
 async def test_no_expiry_is_judged_while_a_watch_is_down() -> None:
     from agentq.operator.health import WatchHealth
 
-    h = Harness()
     health = WatchHealth(["leases"])
     health.set("leases", True)
-    h.controller.health = health
-    health.on_healthy(h.controller._watches_recovered)
+    h = Harness(health=health)
     h.worker("w1", "llm", lease_seconds=1000)
     h.task(task("t").requires("llm").lease(3))
     await h.advance(0.5)
@@ -238,7 +236,7 @@ async def test_a_lease_replace_that_loses_a_race_is_retried_as_a_clean_create() 
         return await original(namespace, body)
 
     h.kube.create_lease = create  # type: ignore[method-assign]
-    task_view = h.controller.tasks[(NS, "t")]
+    task_view = h.record("t").view
     await h.controller.committer.write_grant(task_view, stale)
     assert created and all("resourceVersion" not in meta for meta in created)
     assert h.lease("t") is not None

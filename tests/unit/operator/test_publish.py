@@ -40,11 +40,11 @@ async def test_an_older_status_write_landing_last_is_written_over() -> None:
     h.worker("u", "llm", lease=False)
     h.worker_lease("u", labelled=False)  # invisible to the watch (no agentq label)
     await steps(h)
-    assert h.controller.ready.of[(NS, "u")][0] is Readiness.LEASE_NOT_LABELLED
+    assert h.readiness("u") is Readiness.LEASE_NOT_LABELLED
     gate.set()  # the slow first write lands now
     await h.settle()
     assert ready_reason(h, "u") == "LeaseNotLabelled"
-    assert h.controller.publisher.writing == set()
+    assert h.writing_status() == set()
 
 
 @run
@@ -118,7 +118,7 @@ async def test_one_status_write_per_worker_is_in_flight() -> None:
     assert sent == ["w"]
     h.kube.remove("leases", NS, protocol.worker_lease_name("w"))  # readiness changes
     await steps(h)
-    assert h.controller.ready.of[(NS, "w")][0] is Readiness.LEASE_MISSING
+    assert h.readiness("w") is Readiness.LEASE_MISSING
     assert sent == ["w"], "no second write while the first is in flight"
     gate.set()
     await h.settle()
@@ -200,14 +200,14 @@ async def test_a_status_write_cancelled_before_it_ran_does_not_silence_the_worke
     h = Harness()
     h.worker("w1", "llm")
     await h.settle()
-    assert h.controller.publisher.writing == set()
+    assert h.writing_status() == set()
     h.worker_lease("w1", labelled=False)  # its readiness changes: an urgent status write
     for _ in range(20):
         h.controller.step()
-        if h.controller.publisher.writing:
+        if h.writing_status():
             break
         await asyncio.sleep(0)
-    assert h.controller.publisher.writing, "the write is spawned, not yet run"
+    assert h.writing_status(), "the write is spawned, not yet run"
     h.controller.set_leading(False)  # cancels every write, this one before it ran
     await asyncio.sleep(0)
     h.controller.set_leading(True)

@@ -144,7 +144,7 @@ async def test_a_worker_whose_lease_ended_in_a_silence_is_ready_again_once_it_an
     h = Harness(heard=True)
     h.worker("w1", "llm", lease_seconds=3)
     await h.settle()
-    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.READY
+    assert h.readiness("w1") is Readiness.READY
     # The API server stops answering: nothing renews, and the worker's status write (its
     # Lease ended on our clock) waits like every other request.
     gate = asyncio.Event()
@@ -154,11 +154,11 @@ async def test_a_worker_whose_lease_ended_in_a_silence_is_ready_again_once_it_an
     for _ in range(50):
         h.controller.step()
         await asyncio.sleep(0)
-    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.LEASE_STALE
+    assert h.readiness("w1") is Readiness.LEASE_STALE
     gate.set()  # it answers again: the 4 s are given back
     await h.settle()
     assert h.controller.stats.api_silences == 1
-    assert h.controller.ready.of[("ns", "w1")][0] is Readiness.READY, "not at its next renewal"
+    assert h.readiness("w1") is Readiness.READY, "not at its next renewal"
 
 
 @run
@@ -203,11 +203,11 @@ async def test_a_stop_of_the_operator_itself_is_not_given_back_twice() -> None:
     h.renew("t0")
     await h.settle()
     key = ("ns", "agentq-task-t0")
-    before = h.controller.tracker.expires_at(key)
+    before = h.controller.store.leases[key].seen.expires_at()
     assert before is not None
     h.silence.sent()
     h.clock.advance(10)
     h.controller.note_stall(10)  # what the watchdog says when the process runs again
     h.silence.answered()  # the reply, 10 s after it was asked for
-    assert h.controller.tracker.expires_at(key) == pytest.approx(before + 10, abs=0.01)
+    assert h.controller.store.leases[key].seen.expires_at() == pytest.approx(before + 10, abs=0.01)
     assert h.controller.stats.api_silences == 0

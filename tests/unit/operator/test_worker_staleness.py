@@ -10,7 +10,7 @@ being granted to it.
 from __future__ import annotations
 
 from agentq.claims import Readiness
-from harness import NS, Harness, run
+from harness import Harness, run
 
 
 @run
@@ -20,9 +20,9 @@ async def test_a_lease_seen_before_its_worker_still_goes_stale() -> None:
     await h.settle()
     h.worker("w", "llm", lease=False)  # ...then the AgentWorker
     await h.settle()
-    assert h.controller.ready.of[(NS, "w")][0] is Readiness.READY
+    assert h.readiness("w") is Readiness.READY
     await h.advance(3.5)  # nothing renews it
-    assert h.controller.ready.of[(NS, "w")][0] is Readiness.LEASE_STALE
+    assert h.readiness("w") is Readiness.LEASE_STALE
     assert h.worker_status("w")["phase"] == "NotReady"
 
 
@@ -33,7 +33,7 @@ async def test_a_worker_seen_before_its_lease_goes_stale() -> None:
     await h.settle()
     h.worker_lease("w", seconds=3)
     await h.settle()
-    assert h.controller.ready.of[(NS, "w")][0] is Readiness.READY
+    assert h.readiness("w") is Readiness.READY
     await h.advance(3.5)
-    assert h.controller.ready.of[(NS, "w")][0] is Readiness.LEASE_STALE
+    assert h.readiness("w") is Readiness.LEASE_STALE
     assert h.worker_status("w")["phase"] == "NotReady"

@@ -1,0 +1,228 @@
+"""The indexes decisions read, derived from the store's records (Kueue's cache/queue split).
+
+Each index is a function of the records: ``sync_task`` / ``sync_worker`` make
+the indexes agree with one record (or with its absence), in O(1) (O(log n) for
+a heap), and ``rebuild`` makes them from scratch. ``agentq.operator.invariants``
+builds them afresh and compares.
+
+- ``queue``: pending tasks per namespace and capability set, oldest first; a
+  member is *queued* (may be granted now) unless a grant of it is in flight or
+  it waits out its retry backoff, a pause after a grant of unknown outcome, or a
+  pause after writes refused for good -- each with a timer for its end;
+- ``claims``: each worker's tasks, as the task statuses say (Assigned/Running);
+- ``phases``: tasks by phase (``agentq_tasks``);
+- ``offered``: the capabilities each worker offers, per namespace, and
+  ``uncovered``: the verdict "no worker offers these" per capability set with
+  a task waiting (``Unschedulable``).
+
+The scheduling core's load is kept by ``agentq.operator.cores``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+
+from agentq import claims
+from agentq.clock import Clock
+from agentq.models import TaskPhase
+from agentq.operator.queue import PendingQueue
+from agentq.operator.store import Store, TaskRecord, WorkerRecord
+from agentq.operator.work import TIMER_BACKOFF, Timers
+from agentq.views import Key, TaskView
+
+__all__ = ["Indexes", "backoff_end", "claim_worker", "grantable_from", "phase_name"]
+
+
+def phase_name(view: TaskView) -> str:
+    return (view.phase or TaskPhase.PENDING).value
+
+
+def claim_worker(view: TaskView) -> str | None:
+    """The worker a task's status says holds it (Assigned/Running), if any."""
+    return view.status.worker if view.active else None
+
+
+def backoff_end(record: TaskRecord, *, now: float, wall: datetime) -> float | None:
+    """When (monotonic) a pending task's retry backoff ends (None: no backoff).
+
+    ``status.notBefore`` is wall-clock time (for people); it is converted once to
+    our monotonic clock, at most ``retryBackoff.maxSeconds`` ahead, so a wall clock
+    stepped back cannot hold a retry for longer than its backoff.
+    """
+    record.backoff = backoff_of(record, now=now, wall=wall)
+    return None if record.backoff is None else record.backoff[1]
+
+
+def backoff_of(record: TaskRecord, *, now: float, wall: datetime) -> tuple[str, float] | None:
+    """``record``'s (notBefore, end of backoff) as ``backoff_end`` keeps it, unchanged."""
+    not_before = record.view.status.not_before
+    if not_before is None:
+        return None
+    stamp = not_before.isoformat()
+    if record.backoff is not None and record.backoff[0] == stamp:
+        return record.backoff
+    wait = (not_before - wall).total_seconds()
+    wait = max(0.0, min(wait, record.view.spec.retry_backoff.max_seconds))
+    return stamp, now + wait
+
+
+def grantable_from(
+    record: TaskRecord, *, now: float, wall: datetime, keep: bool = True
+) -> float | None:
+    """From when (monotonic) a pending task may be granted: its backoff, a pause after a
+    grant of unknown outcome, a pause after refused writes; None while a grant of it is
+    in flight (looked at again when it ends) or after a grant lost its race on the view
+    held (looked at again when a newer one comes). ``keep``: remember the backoff's end
+    on the record (False: only read)."""
+    if record.granting is not None or record.lost_race_at == record.view.resource_version:
+        # A grant in flight, or one that lost its race on this very view: a newer one is
+        # on its way (its event re-queues the task).
+        return None
+    backoff = (backoff_end if keep else _backoff_read)(record, now=now, wall=wall)
+    ends = [backoff, record.retry_at, record.unwritable_until]
+    return max((end for end in ends if end is not None), default=now)
+
+
+def _backoff_read(record: TaskRecord, *, now: float, wall: datetime) -> float | None:
+    backoff = backoff_of(record, now=now, wall=wall)
+    return None if backoff is None else backoff[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What one task contributes to the indexes."""
+
+    phase: str
+    claim: str | None  # the worker it counts on in ``claims``
+    queue: frozenset[str] | None  # the capability set it is a member of
+
+
+class Indexes:
+    """Every index derived from the task and worker records (see the module docstring)."""
+
+    def __init__(self, *, timers: Timers, clock: Clock) -> None:
+        self.timers = timers
+        self.clock = clock
+        self.queue = PendingQueue()
+        self.claims: dict[Key, set[str]] = {}  # worker -> the tasks it holds (from status)
+        self.phases: Counter[str] = Counter()
+        self.offered: dict[str, dict[Key, frozenset[str]]] = {}  # ns -> worker -> capabilities
+        self.uncovered: dict[tuple[str, frozenset[str]], str | None] = {}
+        self._entries: dict[Key, _Entry] = {}
+
+    # -- tasks ---------------------------------------------------------------------------
+
+    def sync_task(self, key: Key, record: TaskRecord | None) -> None:
+        """Make every task index agree with ``record`` (None: the task is gone)."""
+        old = self._entries.pop(key, None)
+        new: _Entry | None = None
+        if record is not None:
+            view = record.view
+            member = view.pending and view.problem is None
+            new = _Entry(
+                phase_name(view),
+                claim_worker(view),
+                view.spec.required_capabilities if member else None,
+            )
+            self._entries[key] = new
+            if not view.active:
+                record.grace = None
+                record.progress_written = None
+        if old is not None:
+            self.phases[old.phase] -= 1
+        if new is not None:
+            self.phases[new.phase] += 1
+        was = old.claim if old is not None else None
+        now_worker = new.claim if new is not None else None
+        if was != now_worker:
+            if was is not None:
+                held = self.claims.get((key[0], was))
+                if held is not None:
+                    held.discard(key[1])
+                    if not held:
+                        del self.claims[(key[0], was)]
+            if now_worker is not None:
+                self.claims.setdefault((key[0], now_worker), set()).add(key[1])
+        if new is None or new.queue is None:
+            self.queue.remove(key)
+            if record is not None:
+                record.pending_since = None
+                record.backoff = None
+                record.retry_at = None
+            return
+        assert record is not None
+        now = self.clock.monotonic()
+        if record.pending_since is None:
+            record.pending_since = now
+        start = grantable_from(record, now=now, wall=self.clock.now())
+        ready = start is not None and start <= now
+        self.queue.add(key, new.queue, record.view.created, ready=ready)
+        if start is not None and not ready:
+            self.timers.push(start, (TIMER_BACKOFF, key))
+
+    # -- workers and coverage ------------------------------------------------------------
+
+    def sync_worker(self, key: Key, record: WorkerRecord | None) -> list[Key]:
+        """Make the coverage agree with ``record``; returns the pending tasks whose
+        Unschedulable verdict changed (to be decided again)."""
+        namespace = key[0]
+        offered = self.offered.setdefault(namespace, {})
+        if record is None:
+            if key not in offered:
+                return []
+            del offered[key]
+        else:
+            spec = record.view.spec
+            record.offered = spec.capabilities if spec is not None else frozenset()
+            if offered.get(key) == record.offered:
+                return []
+            offered[key] = record.offered
+        if not offered:
+            del self.offered[namespace]
+        return self._coverage_changed(namespace)
+
+    def _coverage_changed(self, namespace: str) -> list[Key]:
+        queued = self.queue.sets(namespace)
+        for key in [k for k in self.uncovered if k[0] == namespace and k[1] not in queued]:
+            # No task waits for this set now: judged afresh when one does (``missing``),
+            # not from before this change.
+            del self.uncovered[key]
+        redecide: list[Key] = []
+        for required in list(queued):
+            redecide.extend(self._recheck(namespace, required))
+        return redecide
+
+    def _recheck(self, namespace: str, required: frozenset[str]) -> list[Key]:
+        offered = list(self.offered.get(namespace, {}).values())
+        missing = claims.missing_capabilities(required, offered, namespace)
+        if self.uncovered.get((namespace, required), "unknown") == missing:
+            return []
+        self.uncovered[(namespace, required)] = missing
+        return [(namespace, name) for name in self.queue.members(namespace, required)]
+
+    def missing(self, namespace: str, required: frozenset[str]) -> str | None:
+        """What no worker of ``namespace`` offers of ``required`` (None: all offered)."""
+        key = (namespace, required)
+        if key not in self.uncovered:
+            self._recheck(namespace, required)
+        return self.uncovered.get(key)
+
+    # -- all at once ---------------------------------------------------------------------
+
+    def clear(self) -> None:
+        self.queue = PendingQueue()
+        self.claims.clear()
+        self.phases.clear()
+        self.offered.clear()
+        self.uncovered.clear()
+        self._entries.clear()
+
+    def rebuild(self, store: Store) -> None:
+        """Every index from scratch, from the records."""
+        self.clear()
+        for key, worker in store.workers.items():
+            self.sync_worker(key, worker)
+        for key, task in store.tasks.items():
+            self.sync_task(key, task)

@@ -1,0 +1,370 @@
+"""The store: one record per watched object, holding everything the operator knows of it.
+
+A ``TaskRecord``, ``WorkerRecord`` or ``LeaseRecord`` holds the object's typed
+view (``agentq.views``) and the operator's own memory of it: grace period,
+retry backoff, when it became pending, a write in flight, readiness, publish
+state, when its Lease was last seen to change... So forgetting an object is one
+removal, and taking the lead is one rebuild of the indexes from the records.
+
+Watch events only *record* here (``observe_*``): they replace a record's view
+(newer resourceVersions only; tombstones keep a late reply from bringing back
+a deleted object) and note the key as changed. Everything that follows from a
+change -- the indexes, readiness, the scheduling core, decisions -- runs in the
+controller's step, which drains ``changed``.
+
+Pure data: no I/O; the clock's readings are passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from agentq import protocol, views
+from agentq.claims import Readiness
+from agentq.expiry import LeaseRecord as Renewal
+from agentq.expiry import Observation
+from agentq.operator.port import Body
+from agentq.views import Key, LeaseView, TaskView, WorkerView
+
+__all__ = [
+    "Changes",
+    "Grace",
+    "LeaseRecord",
+    "PublishState",
+    "Store",
+    "TaskRecord",
+    "Tombstones",
+    "WorkerRecord",
+    "newer",
+]
+
+
+def rv_int(resource_version: str) -> int | None:
+    """resourceVersions are etcd revisions (increasing integers) on every supported API
+    server; a non-numeric one is taken as newer than anything (None)."""
+    try:
+        return int(resource_version)
+    except ValueError:
+        return None
+
+
+def newer(new: str, old: str) -> bool:
+    """Whether ``new`` is a later version than ``old`` (equal is not newer)."""
+    a, b = rv_int(new), rv_int(old)
+    if a is None or b is None:
+        return new != old
+    return a > b
+
+
+@dataclass
+class Grace:
+    """A grace period started for the claim with ``token``; ends at ``deadline``."""
+
+    token: int
+    deadline: float  # monotonic
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    view: TaskView
+    grace: Grace | None = None  # of the current claim, once started (leader memory)
+    progress_written: float | None = None  # when status.progress was last written
+    pending_since: float | None = None  # when it last became pending (latency metric)
+    backoff: tuple[str, float] | None = None  # (status.notBefore, its end on our clock)
+    retry_at: float | None = None  # pending: not granted before (a grant's unknown outcome)
+    redecide_at: float | None = None  # decided again then (a write's unknown outcome, ...)
+    lost_race_at: str | None = None  # a grant on this resourceVersion lost its CAS: wait
+    unwritable_until: float | None = None  # its writes are refused for good: left alone
+    busy: bool = False  # a write about it is in flight
+    waiting: bool = False  # marked while busy: decided again when the write ends
+    granting: str | None = None  # the worker a grant in flight goes to
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+@dataclass(slots=True)
+class PublishState:
+    """When a worker's status may next be written, and whether a write is out."""
+
+    due: float | None = None  # when its status may be written (None: nothing to write)
+    urgent: bool = False  # a change of readiness or phase is waiting
+    written_at: float | None = None  # when we last wrote it
+    writing: bool = False  # a write is in flight
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    view: WorkerView
+    readiness: tuple[Readiness, str] | None = None  # as last evaluated
+    suspect_since: float | None = None  # a claim of it expired then, not renewed since
+    unlabelled: bool = False  # its Lease exists without our label (a direct read said)
+    diagnosed_at: float = -math.inf  # when that read was last sent
+    offered: frozenset[str] = frozenset()  # capabilities it offers (none if unreadable)
+    publish: PublishState = field(default_factory=PublishState)
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    view: LeaseView
+    seen: Observation  # when its holder was last seen to renew it (our clock)
+    refused_report: str | None = None  # the report on it that was refused already
+    deleting: bool = False  # our delete of it is on its way
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+class Tombstones:
+    """The resourceVersion at which recently deleted objects went, at most ``limit`` of them."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._gone: OrderedDict[Key, str] = OrderedDict()
+
+    def bury(self, key: Key, resource_version: str) -> None:
+        self._gone[key] = resource_version
+        self._gone.move_to_end(key)
+        while len(self._gone) > self.limit:
+            self._gone.popitem(last=False)
+
+    def buried(self, key: Key, resource_version: str) -> bool:
+        """A body at ``resource_version`` is older than the deletion we saw."""
+        gone = self._gone.get(key)
+        return gone is not None and not newer(resource_version, gone)
+
+    def revive(self, key: Key) -> None:
+        self._gone.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._gone)
+
+
+class Changes:
+    """The keys whose records changed since the step last looked, in the order marked."""
+
+    def __init__(self) -> None:
+        # Task key -> whether its view changed (decide it again), not only our memory of it.
+        self.tasks: dict[Key, bool] = {}
+        self.workers: dict[Key, None] = {}
+        # Lease key -> (the view before the change, the record after; None: deleted).
+        self.leases: dict[Key, tuple[LeaseView | None, LeaseView | None]] = {}
+
+    def task(self, key: Key, *, view: bool = True) -> None:
+        self.tasks[key] = self.tasks.get(key, False) or view
+
+    def lease(self, key: Key, old: LeaseView | None, new: LeaseView | None) -> None:
+        first = self.leases.get(key)
+        self.leases[key] = (first[0] if first is not None else old, new)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.workers or self.leases)
+
+    def clear(self) -> None:
+        self.tasks.clear()
+        self.workers.clear()
+        self.leases.clear()
+
+
+class Store:
+    """Every AgentTask, AgentWorker and agentq Lease the watches show, one record each."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[Key, TaskRecord] = {}
+        self.workers: dict[Key, WorkerRecord] = {}
+        self.leases: dict[Key, LeaseRecord] = {}
+        self.task_tombstones = Tombstones()
+        self.worker_tombstones = Tombstones()
+        self.changed = Changes()
+        self.busy = 0  # task records with a write in flight (``start_write``/``end_write``)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def task(self, key: Key) -> TaskView | None:
+        record = self.tasks.get(key)
+        return None if record is None else record.view
+
+    def lease_of(self, task: TaskView) -> LeaseRecord | None:
+        """The claim Lease of ``task`` (by name: it may belong to an earlier task)."""
+        return self.leases.get(task_lease_key(task))
+
+    def claim_expires_at(self, task: TaskView) -> float | None:
+        """When (monotonic) the task's claim expires unless renewed: its Lease judged by
+        the task's own lease duration, never the Lease's field (its holder can edit it)."""
+        lease = self.lease_of(task)
+        if lease is None:
+            return None
+        return lease.seen.expires_at(float(task.spec.lease_duration_seconds))
+
+    def worker_lease(self, key: Key) -> LeaseRecord | None:
+        return self.leases.get((key[0], protocol.worker_lease_name(key[1])))
+
+    def __len__(self) -> int:
+        return len(self.tasks) + len(self.workers) + len(self.leases)
+
+    # -- recording (watch events and write replies) --------------------------------------
+
+    def observe_task(self, body: Body, *, deleted: bool = False, size: int = 0) -> TaskView | None:
+        """Record a task as the API server showed it; returns the view now held."""
+        key = views.key_of(body)
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        record = self.tasks.get(key)
+        if deleted:
+            if record is not None and newer(record.view.resource_version, rv):
+                # The deletion of an earlier object of this name, delivered late (a new
+                # leader's fresh LIST showed us the one re-created since): not this one.
+                return record.view
+            self.task_tombstones.bury(key, rv)
+            if record is not None:
+                self.busy -= record.busy
+                del self.tasks[key]
+                self.changed.task(key)
+            return None
+        if record is not None and not newer(rv, record.view.resource_version):
+            return record.view  # our own write's reply told us this already (or more)
+        if record is None and self.task_tombstones.buried(key, rv):
+            return None  # a late reply about a task deleted since
+        self.task_tombstones.revive(key)
+        view = views.task_view(body, size=size)
+        if record is None or record.view.uid != view.uid:
+            # New, or deleted and re-created while we were not watching: nothing carries
+            # over but a write in flight (it ends as usual).
+            self.tasks[key] = fresh = TaskRecord(view)
+            if record is not None:
+                fresh.busy, fresh.granting = record.busy, record.granting
+        else:
+            record.view = view
+        self.changed.task(key)
+        return view
+
+    def observe_worker(self, body: Body, *, deleted: bool = False) -> None:
+        key = views.key_of(body)
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        record = self.workers.get(key)
+        if deleted:
+            if record is not None and newer(record.view.resource_version, rv):
+                return  # the deletion of an earlier worker of this name, delivered late
+            self.worker_tombstones.bury(key, rv)
+            if record is not None:
+                del self.workers[key]
+                self.changed.workers[key] = None
+            return
+        if record is not None and not newer(rv, record.view.resource_version):
+            return
+        if record is None and self.worker_tombstones.buried(key, rv):
+            return  # the reply to our status write, read after the worker was deleted
+        self.worker_tombstones.revive(key)
+        view = views.worker_view(body)
+        if record is None:
+            self.workers[key] = WorkerRecord(view)
+        else:
+            record.view = view
+        self.changed.workers[key] = None
+
+    def observe_lease(self, body: Body, *, deleted: bool, now: float, wall_age: float) -> bool:
+        """``now``: our monotonic clock; ``wall_age``: how old the Lease's renewTime is by
+        our wall clock (for a worker Lease seen for the first time). Returns False for a
+        change nothing need wait for: a renewal of a task claim (holder, token and report
+        as they were), or of a worker Lease whose worker is Ready (the step notes it when
+        it next runs)."""
+        view = views.lease_view(body)
+        key = view.key
+        if view.kind not in (protocol.LEASE_KIND_TASK, protocol.LEASE_KIND_WORKER):
+            if key not in self.leases:
+                return False  # not one of ours (the watch selects ours; a fake may not)
+            deleted = True  # our label was removed: as good as gone for us
+        record = self.leases.get(key)
+        if deleted:
+            if record is not None and newer(record.view.resource_version, view.resource_version):
+                return False  # the deletion of an earlier Lease of this name, delivered late
+            if record is not None:
+                del self.leases[key]
+                self.changed.lease(key, record.view, None)
+            return record is not None
+        if record is not None and not newer(view.resource_version, record.view.resource_version):
+            return False
+        renewal = Renewal(
+            holder=view.holder,
+            renew_time=view.renew_time,
+            duration=float(view.duration or 0),
+            token=view.token_text,
+            progress=view.progress,
+        )
+        if record is None:
+            age = 0.0
+            if view.kind == protocol.LEASE_KIND_WORKER and wall_age > renewal.duration:
+                # A worker Lease seen for the first time proves readiness only if its holder
+                # renewed it recently by our wall clock; else it is stale until it changes.
+                age = renewal.duration
+            self.leases[key] = LeaseRecord(view, Observation.first(renewal, now, age=age))
+            self.changed.lease(key, None, view)
+            return True
+        old = record.view
+        record.view = view
+        record.seen.observe(renewal, now)
+        self.changed.lease(key, old, view)
+        if view.kind == protocol.LEASE_KIND_WORKER:
+            worker = self.workers.get((view.namespace, view.subject))
+            return (
+                worker is None
+                or worker.suspect_since is not None
+                or worker.readiness is None
+                or worker.readiness[0] is not Readiness.READY
+            )
+        return (old.holder, old.token_text, old.report) != (
+            view.holder,
+            view.token_text,
+            view.report,
+        )
+
+    def start_write(self, record: TaskRecord, *, granting: str | None = None) -> None:
+        """A write about the task is going out (``granting``: a grant to that worker)."""
+        if not record.busy:
+            record.busy = True
+            self.busy += 1
+        record.granting = granting
+
+    def end_write(self, key: Key) -> bool:
+        """The write about task ``key`` ended; returns whether it was marked meanwhile
+        (to be decided again now)."""
+        record = self.tasks.get(key)
+        if record is None:
+            return False
+        if record.busy:
+            record.busy = False
+            self.busy -= 1
+        record.granting = None
+        self.changed.task(key, view=False)  # may be queued again
+        waiting, record.waiting = record.waiting, False
+        return waiting
+
+    def reset_writes(self) -> None:
+        """No write is in flight (they were cancelled with the lead)."""
+        for record in self.tasks.values():
+            record.busy = record.waiting = False
+            record.granting = None
+        self.busy = 0
+
+    def credit(self, seconds: float) -> None:
+        """Every Lease and grace period gets back ``seconds`` (we were blind that long)."""
+        for lease in self.leases.values():
+            lease.seen.credit(seconds)
+        for task in self.tasks.values():
+            if task.grace is not None:
+                task.grace.deadline += seconds
+
+    def active_tasks(self) -> Iterator[TaskRecord]:
+        return (t for t in self.tasks.values() if t.view.active)
+
+
+def task_lease_key(task: TaskView) -> Key:
+    return (task.namespace, protocol.task_lease_name(task.name))
