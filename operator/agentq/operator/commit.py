@@ -26,21 +26,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from agentq import claims, lifecycle, protocol, views
+from agentq import claims, lifecycle
 from agentq.claims import Decision, LeaseOp
-from agentq.clock import Clock, micro_rfc3339
+from agentq.clock import Clock
 from agentq.models import TASK_PLURAL, TaskPhase
 from agentq.operator import metrics
 from agentq.operator.confirm import ExpiryConfirmer
 from agentq.operator.events import EventSink, Involved
-from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, UNWRITABLE_SECONDS, RequestGate
+from agentq.operator.gate import RequestGate
+from agentq.operator.leases import ClaimLeases, gone
 from agentq.operator.port import Body, Kube, KubeError, NotLeading, Reply, Status
 from agentq.operator.readiness import WorkerReadiness
 from agentq.operator.store import Grace, Store
-from agentq.operator.work import TIMER_TASK, Agenda, Stats
-from agentq.views import Key, LeaseView, TaskView
+from agentq.operator.work import REFUSED_SECONDS, TIMER_TASK, Agenda, Retries, Stats
+from agentq.views import LeaseView, TaskView
 
-__all__ = ["Committer", "gone", "involved"]
+__all__ = ["Committer", "involved"]
 
 log = logging.getLogger("agentq.controller")
 
@@ -59,6 +60,8 @@ class Committer:
         clock: Clock,
         confirmer: ExpiryConfirmer,
         readiness: WorkerReadiness,
+        leases: ClaimLeases,
+        retries: Retries,
         stats: Stats,
         credits: Callable[[], int],
     ) -> None:
@@ -70,18 +73,12 @@ class Committer:
         self.clock = clock
         self.confirmer = confirmer
         self.readiness = readiness
+        self.leases = leases
+        self.retries = retries
         self.stats = stats
         # How many times time was given back to every Lease (a stall, a silence): an
         # expiry decided before the count moved is decided again, not committed.
         self.credits = credits
-
-    def retry_later(self, key: Key, delay: float = RETRY_SECONDS) -> None:
-        """Look at ``key`` again ``delay`` from now (an unknown outcome, a refusal)."""
-        due = self.clock.monotonic() + delay
-        record = self.store.tasks.get(key)
-        if record is not None:
-            record.redecide_at = due
-        self.agenda.at(due, (TIMER_TASK, key))
 
     def write_ended(self, task: TaskView, lease: LeaseView | None) -> None:
         """The write about ``task`` ended: decide it again if something asked meanwhile,
@@ -113,11 +110,11 @@ class Committer:
             await self._apply_decision(task, lease, decision, credits)
         except NotLeading:
             # Not sent (see RequestGate.call): looked at again if we still lead then.
-            self.retry_later(key)
+            self.retries.later(key)
         except KubeError as err:
             self.stats.unknown += 1
             log.warning("write for %s/%s had an unknown outcome: %s", *key, err)
-            self.retry_later(key)
+            self.retries.later(key)
         finally:
             self.write_ended(task, lease)
 
@@ -139,10 +136,10 @@ class Committer:
                 if current.body["metadata"].get("resourceVersion") != lease.resource_version:
                     self.stats.expiries_dropped += 1
                     log.info("lease %s/%s changed after all; not expired", *lease.key)
-                    self._observe_lease(current.body)
+                    self.leases.observe(current.body)
                     return
             elif current.status is Status.GONE:
-                self._observe_lease(gone(lease), deleted=True)
+                self.leases.observe(gone(lease), deleted=True)
                 return
         if decision.confirm_expiry and self.credits() != credits:
             # Time was given back to every Lease since the expiry was judged (the API
@@ -150,7 +147,7 @@ class Committer:
             # first thing it said): the holder could not renew meanwhile. Decide again.
             self.stats.expiries_dropped += 1
             log.info("expiry of %s/%s not committed: time was given back to the leases", *key)
-            self.retry_later(key, 0.0)
+            self.retries.later(key, 0.0)
             return
         if transition is not None:
             committed = await self.commit(task, transition, decision)
@@ -160,42 +157,14 @@ class Committer:
                 self._refuse(task, lease, refusal)
         if decision.lease is LeaseOp.DELETE and lease is not None:
             # Tidying up: the decision is committed; its task is not held up by this.
-            self.gate.spawn(self.delete_lease(key, lease))
+            self.gate.spawn(self.leases.delete(key, lease))
         elif decision.lease is LeaseOp.WRITE_GRANT:
             granted = self.store.task(key)
             if granted is not None and granted.active:
                 current_lease = self.store.lease_of(granted)
-                await self.write_grant(granted, current_lease.view if current_lease else None)
-
-    def _observe_lease(self, body: Body, *, deleted: bool = False) -> None:
-        self.store.observe_lease(body, deleted=deleted, now=self.clock.monotonic(), wall_age=0.0)
-        self.agenda.poke()
-
-    async def delete_lease(self, key: Key, lease: LeaseView) -> None:
-        """Delete the Lease of an attempt that ended -- the one the decision saw: if it
-        changed since (a new grant replaced it), the delete is refused (409) and the
-        Lease stays. It tells a holder that is still alive at once that it lost the
-        claim; nothing else waits on it, so it goes out after the decisions' requests."""
-        record = self.store.leases.get(lease.key)
-        if record is None or record.deleting:
-            return
-        record.deleting = True
-        try:
-            reply = await self.gate.call_low(
-                self.kube.delete_lease, lease.namespace, lease.name, lease.resource_version
-            )
-        except KubeError as err:
-            log.info("deleting Lease %s/%s had an unknown outcome: %s", *lease.key, err)
-            self.retry_later(key)  # decide again
-            return
-        finally:
-            record.deleting = False
-        if reply.ok or reply.status is Status.GONE:
-            self._observe_lease(gone(lease), deleted=True)
-        elif reply.status is Status.FORBIDDEN:
-            self.stats.refused += 1
-            log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
-            self.retry_later(key, REFUSED_SECONDS)
+                await self.leases.write_grant(
+                    granted, current_lease.view if current_lease else None
+                )
 
     def _refuse(self, task: TaskView, lease: LeaseView, refusal: claims.Refusal) -> None:
         record = self.store.leases.get(lease.key)
@@ -227,7 +196,7 @@ class Committer:
         self.stats.refused += 1
         metrics.UNPROCESSABLE.labels("AgentTask", "Forbidden").inc()
         log.error("status write of %s/%s forbidden: %s", task.namespace, task.name, message)
-        self.retry_later(task.key, REFUSED_SECONDS)
+        self.retries.later(task.key, REFUSED_SECONDS)
 
     async def commit(
         self, task: TaskView, transition: lifecycle.Transition, decision: Decision
@@ -306,24 +275,13 @@ class Committer:
                 return
             if reply.status is not Status.INVALID:
                 return  # a race: decide again
-        self.left_alone(key, UNWRITABLE_SECONDS)
+        self.retries.left_alone(key)
         self.events.record(
             involved(task),
             reason="Unprocessable",
             message=f"the API server refuses every status write of this task: {message}",
             warning=True,
         )
-
-    def left_alone(self, key: Key, seconds: float) -> None:
-        """Decide nothing about ``key`` for ``seconds`` (its writes are refused for good),
-        then look again."""
-        record = self.store.tasks.get(key)
-        if record is None:
-            return
-        until = self.clock.monotonic() + seconds
-        record.unwritable_until = until
-        self.store.changed.task(key, view=False)  # out of the queue until then
-        self.agenda.at(until, (TIMER_TASK, key))
 
     def record(self, task: TaskView, transition: lifecycle.Transition) -> None:
         about = involved(task)
@@ -347,99 +305,6 @@ class Committer:
             metrics.DEAD_LETTERS.labels(task.namespace).inc()
         if phase is TaskPhase.HELD:
             metrics.HELD.inc()
-
-    def grant_lease_body(self, task: TaskView) -> Body:
-        status = task.status
-        now = micro_rfc3339(self.clock.now())
-        worker = str(status.worker)
-        return {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "metadata": {
-                "name": protocol.task_lease_name(task.name),
-                "namespace": task.namespace,
-                "labels": {
-                    protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK,
-                    protocol.LABEL_TASK: protocol.label_value(task.name),
-                    protocol.LABEL_WORKER: protocol.label_value(worker),
-                },
-                "annotations": {
-                    protocol.ANNOTATION_TOKEN: str(status.fencing_token),
-                    protocol.ANNOTATION_ATTEMPT: str(status.attempt or 1),
-                    protocol.ANNOTATION_TASK_UID: task.uid,
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": "agentq.dev/v1alpha1",
-                        "kind": "AgentTask",
-                        "name": task.name,
-                        "uid": task.uid,
-                        "controller": True,
-                        "blockOwnerDeletion": False,
-                    }
-                ],
-            },
-            "spec": {
-                "holderIdentity": worker,
-                "leaseDurationSeconds": task.spec.lease_duration_seconds,
-                "acquireTime": now,
-                "renewTime": now,
-                "leaseTransitions": max(0, (status.attempt or 1) - 1),
-            },
-        }
-
-    async def write_grant(self, task: TaskView, lease: LeaseView | None) -> None:
-        """Create the grant's Lease, or raise an older one to it -- never lower a token.
-
-        A Lease of another task of this name (deleted and re-created) is replaced; one
-        that already carries this token or a higher one is left for ``decide`` to judge.
-        A Lease the API server refuses for good leaves the task alone for a while.
-        """
-        body = self.grant_lease_body(task)
-        name = body["metadata"]["name"]
-        token = task.status.fencing_token or 0
-        for _ in range(4):
-            if lease is None:
-                body["metadata"].pop("resourceVersion", None)  # a create carries none
-                reply = await self.gate.call(self.kube.create_lease, task.namespace, body)
-                if reply.status is Status.CONFLICT:
-                    got = await self.gate.call(self.kube.get_lease, task.namespace, name)
-                    if got.ok and got.body is not None:
-                        self._observe_lease(got.body)
-                        lease = views.lease_view(got.body)
-                    continue
-            else:
-                foreign = claims.lease_foreign(task, lease)
-                if not foreign and lease.token is not None and lease.token >= token:
-                    return
-                body["metadata"]["resourceVersion"] = lease.resource_version
-                reply = await self.gate.call(self.kube.replace_lease, task.namespace, name, body)
-                if reply.status in (Status.CONFLICT, Status.GONE):
-                    lease = None
-                    continue
-            if reply.ok and reply.body is not None:
-                self._observe_lease(reply.body)
-            elif reply.status is Status.FORBIDDEN:
-                self.stats.refused += 1
-                log.error("grant Lease of %s/%s forbidden: %s", *task.key, reply.message)
-                self.retry_later(task.key, REFUSED_SECONDS)
-            elif reply.status is Status.INVALID:
-                log.error(
-                    "grant Lease of %s/%s refused: %s", task.namespace, task.name, reply.message
-                )
-                self.left_alone(task.key, UNWRITABLE_SECONDS)
-            return
-        self.retry_later(task.key)  # the Lease kept changing under us: decide again
-
-
-def gone(lease: LeaseView) -> Body:
-    return {
-        "metadata": {
-            "namespace": lease.namespace,
-            "name": lease.name,
-            "resourceVersion": lease.resource_version,
-        }
-    }
 
 
 def involved(task: TaskView) -> Involved:

@@ -34,35 +34,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from agentq import claims, protocol
 from agentq.clock import Clock, parse_time
 from agentq.models import TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import invariants, metrics
-from agentq.operator.commit import Committer
 from agentq.operator.config import OperatorConfig
-from agentq.operator.confirm import ExpiryConfirmer
-from agentq.operator.cores import Cores
-from agentq.operator.decide import Decider
-from agentq.operator.dispatch import Dispatcher
 from agentq.operator.events import EventSink
-from agentq.operator.gate import RequestGate
 from agentq.operator.health import AlwaysHealthy, WatchHealth
-from agentq.operator.indexes import Indexes
+from agentq.operator.parts import Parts, wire
 from agentq.operator.port import Body, Kube
-from agentq.operator.publish import Publisher
-from agentq.operator.readiness import WorkerReadiness
-from agentq.operator.slots import Slots
-from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import (
-    TIMER_BACKOFF,
-    TIMER_PUBLISH,
-    TIMER_TASK,
-    TIMER_WORKER,
-    Agenda,
-    Stats,
-)
-from agentq.views import Key, LeaseView
+from agentq.operator.work import Stats
 
 __all__ = ["AlwaysHealthy", "Controller", "WatchHealth"]
 
@@ -103,103 +84,35 @@ class Controller:
         self.lease_valid: Callable[[], bool] = lambda: True
         self.synced = False  # every watch has delivered its first full list
         self.stats = Stats()
-        # Bumped each time every Lease is given time back (a stall of ours, a silence of
-        # the API server): an expiry decided before that is decided again, not committed.
-        self.credits = 0
-        self._given_until = -math.inf  # time up to which it was given back
         self._rebuild = self.leading  # a new leader rebuilds at its next step
         self._changed = asyncio.Event()
         self._last_resync = clock.monotonic()
         self._last_check = clock.monotonic()
-        self._last_tick = clock.monotonic()
-        self._worked = 0.0  # seconds spent in steps since the watchdog's last tick
-        self._watchdog: asyncio.Task[None] | None = None
-        self.watchdog_period = 0.25
 
-        # -- state, and what is derived from it
-        self.store = Store()
-        self.agenda = Agenda(self.poke)
-        self.agenda.timers.active = self.leading
-        self.indexes = Indexes(timers=self.agenda.timers, clock=clock)
-        self.cores = Cores(self.store, self.indexes.claims)
-        # -- API requests: decisions first, then Events and tidying up
-        self.slots = Slots(config.write_concurrency, clock=clock)
-        self.gate = RequestGate(self.slots, may_send=self.may_send, on_done=self.poke)
-        self.events = events or EventSink(
-            kube, clock, component="agentq-operator", slots=self.slots
-        )
-        self.tokens = tokens or TokenAllocator(
-            kube,
-            clock,
-            namespace=config.leader_namespace,
-            name=config.token_lease,
-            block=config.token_block,
-        )
-        # -- the parts
-        self.publisher = Publisher(
-            store=self.store,
-            indexes=self.indexes,
-            cores=self.cores,
-            agenda=self.agenda,
-            gate=self.gate,
+        # -- the state, what is derived from it, and the parts (parts.py)
+        self.parts: Parts = wire(
             kube=kube,
             clock=clock,
             config=config,
-            stats=self.stats,
-        )
-        self.readiness = WorkerReadiness(
-            store=self.store,
-            cores=self.cores,
-            agenda=self.agenda,
-            gate=self.gate,
-            kube=kube,
-            clock=clock,
-            publisher=self.publisher,
-            redecide=self.agenda.dirty.update,
-        )
-        self.confirmer = ExpiryConfirmer(
-            gate=self.gate, kube=kube, cores=self.cores, stats=self.stats
-        )
-        self.committer = Committer(
-            store=self.store,
-            agenda=self.agenda,
-            gate=self.gate,
-            kube=kube,
-            events=self.events,
-            clock=clock,
-            confirmer=self.confirmer,
-            readiness=self.readiness,
-            stats=self.stats,
-            credits=lambda: self.credits,
-        )
-        self.decider = Decider(
-            store=self.store,
-            indexes=self.indexes,
-            agenda=self.agenda,
-            gate=self.gate,
-            committer=self.committer,
-            health=self.health,
-            clock=clock,
             rng=rng or random.Random(),
-            policy=claims.Policy(
-                max_reclaims=config.max_reclaims,
-                progress_interval=config.progress_status_interval,
-            ),
+            health=self.health,
+            events=events,
+            tokens=tokens,
             stats=self.stats,
-            write_concurrency=config.write_concurrency,
-            credits=lambda: self.credits,
+            poke=self.poke,
+            may_send=self.may_send,
         )
-        self.dispatcher = Dispatcher(
-            store=self.store,
-            indexes=self.indexes,
-            cores=self.cores,
-            tokens=self.tokens,
-            gate=self.gate,
-            committer=self.committer,
-            publisher=self.publisher,
-            clock=clock,
-            stats=self.stats,
-            batch=config.dispatch_batch,
+        parts = self.parts
+        parts.agenda.timers.active = self.leading
+        self.store, self.agenda, self.indexes = parts.store, parts.agenda, parts.indexes
+        self.cores, self.gate, self.blind = parts.cores, parts.gate, parts.blind
+        self.events, self.tokens, self.slots = parts.events, parts.tokens, parts.slots
+        self.publisher, self.readiness = parts.publisher, parts.readiness
+        self.confirmer, self.leases, self.committer = parts.confirmer, parts.leases, parts.committer
+        self.decider, self.dispatcher, self.follower = (
+            parts.decider,
+            parts.dispatcher,
+            parts.follower,
         )
 
     # == recording (watch callbacks: synchronous, never block, never decide) ============
@@ -241,14 +154,14 @@ class Controller:
         """One step: changes, timers, dirty tasks, dispatch, worker status. Never waits."""
         started = time.perf_counter()
         self.stats.steps += 1
-        self._check_stall()
+        self.blind.check()
         now = self.clock.monotonic()
         if self._rebuild:
             self._take_lead(now)
         elif now - self._last_resync >= self.config.resync_interval:
             self._resync(now)
-        self._apply()
-        self._fire_timers(now)
+        self.follower.apply()
+        self.follower.fire_timers(now)
         if self.synced:
             self.decider.decide_dirty()
             self.dispatcher.dispatch()
@@ -261,72 +174,8 @@ class Controller:
             self._last_check = now
             self._report(self.check_invariants(now))
         took = time.perf_counter() - started
-        self._worked += took
+        self.blind.worked(took)
         metrics.RECONCILE.observe(took)
-
-    def _apply(self) -> None:
-        """Make the indexes, cores and readiness agree with every record that changed."""
-        changed = self.store.changed
-        while changed:
-            workers, leases, tasks = (
-                list(changed.workers),
-                list(changed.leases.items()),
-                list(changed.tasks.items()),
-            )
-            changed.clear()
-            for key in workers:
-                self._apply_worker(key)
-            for key, view_changed in tasks:
-                self._apply_task(key, view_changed)
-            for _, (old, new) in leases:
-                self._apply_lease(old, new)
-
-    def _apply_task(self, key: Key, view_changed: bool) -> None:
-        record = self.store.tasks.get(key)
-        self.indexes.sync_task(key, record)
-        for worker in self.cores.sync_load(key, record):
-            if worker is not None:
-                self.publisher.mark((key[0], worker))
-        if record is None:
-            self.agenda.dirty.discard(key)
-            return
-        self.tokens.observe(record.view.status.fencing_token)
-        if view_changed:
-            self.agenda.dirty.add(key)
-
-    def _apply_worker(self, key: Key) -> None:
-        record = self.store.workers.get(key)
-        self.agenda.dirty.update(self.indexes.sync_worker(key, record))
-        if record is None:
-            self.agenda.dirty.update((key[0], task) for task in self.cores.upsert_worker(key, None))
-            self.publisher.forget(key)
-            return
-        self.readiness.evaluate(key)
-        self.publisher.check(record)
-
-    def _apply_lease(self, old: LeaseView | None, new: LeaseView | None) -> None:
-        lease = new or old
-        assert lease is not None
-        subject = (lease.namespace, lease.subject)
-        if lease.kind == protocol.LEASE_KIND_WORKER:
-            self.readiness.evaluate(subject)  # and looked at again when it would go stale
-            return
-        task = self.store.task(subject)
-        if task is not None and not self.decider.renewal_only(task, old, new):
-            self.agenda.dirty.add(subject)
-
-    def _fire_timers(self, now: float) -> None:
-        for kind, key in self.agenda.timers.pop_due(now):
-            if kind == TIMER_TASK:
-                task = self.store.tasks.get(key)
-                if task is not None:
-                    self.decider.timer(task, now)
-            elif kind == TIMER_BACKOFF:
-                self.indexes.sync_task(key, self.store.tasks.get(key))  # queued if it may be
-            elif kind == TIMER_PUBLISH:
-                self.publisher.timer(key, now)
-            elif kind == TIMER_WORKER:
-                self.readiness.evaluate(key)  # renewed since: pushes the timer for the new expiry
 
     def check_invariants(self, now: float | None = None) -> list[invariants.Violation]:
         """Every index built afresh from the store and compared with the live one (after a
@@ -359,22 +208,7 @@ class Controller:
         every task and worker again."""
         self._last_resync = now
         self._report(self.check_invariants(now))
-        self._rebuild_indexes(urgent=False)
-
-    def _rebuild_indexes(self, *, urgent: bool) -> None:
-        """Every index and core from the records; every task decided and every worker
-        evaluated again (``urgent``: its status compared at once, a new leader's way)."""
-        self.store.changed.clear()
-        self.indexes.rebuild(self.store)
-        for namespace in {key[0] for key in self.store.workers}:
-            self.cores.of(namespace)
-        for key, task in self.store.tasks.items():
-            self.cores.sync_load(key, task)
-            self.tokens.observe(task.view.status.fencing_token)
-        for key in self.store.workers:
-            self.readiness.evaluate(key)  # with its staleness timer
-            self.publisher.mark(key, urgent=urgent)
-        self.agenda.dirty.update(self.store.tasks)
+        self.follower.rebuild(urgent=False)
 
     # == leadership and lifecycle ======================================================
 
@@ -417,7 +251,7 @@ class Controller:
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()
         self.cores.clear()
-        self._rebuild_indexes(urgent=True)
+        self.follower.rebuild(urgent=True)
         self._last_resync = now
 
     async def _catch_up(self) -> None:
@@ -469,8 +303,7 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         self.events.start()
-        self._last_tick = self.clock.monotonic()
-        self._watchdog = asyncio.create_task(self._watch_the_clock(), name="watchdog")
+        self.blind.start()
         try:
             while not stop.is_set():
                 await self._wait(self._next_wakeup())
@@ -484,7 +317,7 @@ class Controller:
                     log.exception("controller step failed")
                     await asyncio.sleep(1.0)
         finally:
-            self._watchdog.cancel()
+            self.blind.stop()
             await self.events.stop()
 
     async def _wait(self, timeout: float) -> None:
@@ -500,67 +333,12 @@ class Controller:
             soonest = min(soonest, due - now)
         return max(0.0, soonest)
 
-    async def _watch_the_clock(self) -> None:
-        while True:
-            await asyncio.sleep(self.watchdog_period)
-            try:
-                self._check_stall()
-            except Exception:  # the watchdog must outlive anything it meets
-                log.exception("the stall watchdog failed; it goes on")
-
-    def _check_stall(self) -> None:
-        """Running much later than due means this process did not run (SIGSTOP, a starved
-        host): give that time back to every Lease instead of counting it against them.
-        Called by the watchdog every ``watchdog_period`` and before every step."""
-        if self._watchdog is None:
-            return
-        now = self.clock.monotonic()
-        lag = now - self._last_tick - self.watchdog_period
-        # Time the loop spent in our own steps is not a stall: a step deciding 500
-        # reclaims at once must not credit every Lease (and delay those very reclaims).
-        lag -= self._worked
-        self._worked = 0.0
-        self._last_tick = now
-        metrics.LOOP_LAG.set(max(0.0, lag))
-        if lag > self.config.stall_seconds:
-            self.note_stall(lag)
-
     def note_stall(self, seconds: float) -> None:
-        log.warning(
-            "the operator did not run for %.1fs; that time is not counted against leases",
-            seconds,
-        )
-        self.stats.stalls += 1
-        self.stats.stalled_seconds += seconds
-        self._give_back(seconds)
+        self.blind.note_stall(seconds)
 
     def note_api_silence(self, seconds: float) -> None:
-        """The API server answered nothing for ``seconds`` while we waited (``silence``):
-        the holders could not renew either. (A request out while this process itself was
-        stopped waited through that stop too: that part was given back as a stall.)"""
-        given = self._give_back(seconds, at_least=self.config.api_silence_seconds)
-        if not given:
-            return
-        log.warning(
-            "the API server answered nothing for %.1fs; that time is not counted against leases",
-            given,
-        )
-        metrics.API_SILENCE.inc(given)
-        self.stats.api_silences += 1
-
-    def _give_back(self, seconds: float, *, at_least: float = 0.0) -> float:
-        """Every Lease (and grace period) gets back the last ``seconds``, less what was
-        given back already (a stall of ours and a silence of the API server may be the
-        same time, seen twice), if that is ``at_least``; returns what was given. An expiry
-        decided before this and not yet committed is decided again (``credits`` moved)."""
-        now = self.clock.monotonic()
-        given = now - max(now - seconds, self._given_until)
-        if given <= 0 or given < at_least:
-            return 0.0
-        self._given_until = now
-        self.credits += 1
-        self.store.credit(given)
-        return given
+        """The API server answered nothing for ``seconds`` while we waited (``silence``)."""
+        self.blind.note_api_silence(seconds)
 
     async def settle(self, *, rounds: int = 50) -> None:
         """Run steps until nothing is left to do (tests): no dirty key, no write in flight."""
@@ -580,4 +358,5 @@ class Controller:
 
     @property
     def writes(self) -> set[asyncio.Task[Any]]:
-        return self.gate.writes
+        writes: set[asyncio.Task[Any]] = self.gate.writes
+        return writes

@@ -29,13 +29,14 @@ from agentq.clock import Clock
 from agentq.operator import metrics
 from agentq.operator.commit import Committer
 from agentq.operator.cores import Cores
-from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, RequestGate
+from agentq.operator.gate import RequestGate
 from agentq.operator.indexes import Indexes
+from agentq.operator.leases import ClaimLeases
 from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.operator.publish import Publisher
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import Stats
+from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, Retries, Stats
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
 from agentq.views import TaskView
 
@@ -56,6 +57,8 @@ class Dispatcher:
         tokens: TokenAllocator,
         gate: RequestGate,
         committer: Committer,
+        leases: ClaimLeases,
+        retries: Retries,
         publisher: Publisher,
         clock: Clock,
         stats: Stats,
@@ -67,6 +70,8 @@ class Dispatcher:
         self.tokens = tokens
         self.gate = gate
         self.committer = committer
+        self.leases = leases
+        self.retries = retries
         self.publisher = publisher
         self.clock = clock
         self.stats = stats
@@ -175,7 +180,7 @@ class Dispatcher:
             if reply.status is Status.FORBIDDEN:
                 scheduler.abort(assignment)
                 committer.refused_by_rbac(task, reply.message)
-                self._pause(key, REFUSED_SECONDS)
+                self.retries.not_granted_for(key, REFUSED_SECONDS)
                 return
             if not reply.ok or reply.body is None:
                 # 409 / 404: the task changed or went; its event decides again.
@@ -191,7 +196,7 @@ class Dispatcher:
             if updated is None:
                 return  # deleted meanwhile: no Lease for it
             lease = self.store.lease_of(updated)
-            await committer.write_grant(updated, lease.view if lease is not None else None)
+            await self.leases.write_grant(updated, lease.view if lease is not None else None)
             self.stats.grants += 1
             committer.record(updated, transition)
             metrics.DISPATCHES.labels(task.namespace).inc()
@@ -201,7 +206,7 @@ class Dispatcher:
         except NotLeading:
             # Not sent: our lease may have passed to a standby while this grant waited.
             if committed:  # the status is written, its Lease not: a leader repairs it
-                committer.retry_later(key)
+                self.retries.later(key)
             else:
                 scheduler.abort(assignment)
         except KubeError as err:
@@ -211,15 +216,9 @@ class Dispatcher:
                 # pending and waits a pause before it is granted again, as a retry's
                 # backoff (a second grant on the old status would lose its CAS).
                 scheduler.abort(assignment)
-                self._pause(key, RETRY_SECONDS)
+                self.retries.not_granted_for(key, RETRY_SECONDS)
             self.stats.unknown += 1
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
-            committer.retry_later(key)
+            self.retries.later(key)
         finally:
             committer.write_ended(task, None)
-
-    def _pause(self, key: tuple[str, str], seconds: float) -> None:
-        """Not granted again before ``seconds`` from now."""
-        record = self.store.tasks.get(key)
-        if record is not None:
-            record.retry_at = self.clock.monotonic() + seconds

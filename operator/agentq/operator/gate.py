@@ -24,13 +24,9 @@ from typing import Any
 from agentq.operator.port import NotLeading, Reply
 from agentq.operator.slots import Slots
 
-__all__ = ["REFUSED_SECONDS", "RETRY_SECONDS", "UNWRITABLE_SECONDS", "RequestGate"]
+__all__ = ["RequestGate"]
 
 log = logging.getLogger("agentq.controller")
-
-RETRY_SECONDS = 1.0  # after an unknown outcome, look again this much later
-UNWRITABLE_SECONDS = 600.0  # after a write the API server refuses for good
-REFUSED_SECONDS = 30.0  # after a request refused for our credentials (401/403): RBAC
 
 
 class RequestGate:

@@ -35,11 +35,11 @@ from agentq.models import WORKER_PLURAL
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.cores import Cores
-from agentq.operator.gate import REFUSED_SECONDS, RETRY_SECONDS, RequestGate
+from agentq.operator.gate import RequestGate
 from agentq.operator.indexes import Indexes
 from agentq.operator.port import Kube, KubeError, Reply, Status
 from agentq.operator.store import PublishState, Store, WorkerRecord
-from agentq.operator.work import TIMER_PUBLISH, Agenda, Stats
+from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, TIMER_PUBLISH, Agenda, Stats
 from agentq.scheduler import WorkerState
 from agentq.views import Key, WorkerView
 

@@ -10,9 +10,11 @@
   if it moved. Timers are kept only while leading (a new leader pushes them all
   again from the store).
 - ``Agenda``: both, with the wake-up of the loop, as the parts see them.
+- ``Retries``: a task looked at again later, or left alone for a while, recorded
+  on its record and timed on the agenda.
 - ``Stats``: counters of the controller's own work, for tests and the benchmark.
 
-Pure data structures: no I/O, no clock.
+Pure data structures: no I/O; the clock is injected.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from agentq.clock import Clock
+from agentq.operator.store import Store
 from agentq.views import Key
 
 __all__ = [
+    "REFUSED_SECONDS",
+    "RETRY_SECONDS",
     "TIMER_BACKOFF",
     "TIMER_PUBLISH",
     "TIMER_TASK",
     "TIMER_WORKER",
+    "UNWRITABLE_SECONDS",
     "Agenda",
     "Dirty",
     "Stats",
@@ -171,3 +178,42 @@ class Agenda:
     def at(self, due: float, what: Subject) -> None:
         """Look at ``what`` at ``due`` (monotonic)."""
         self.timers.push(due, what)
+
+
+RETRY_SECONDS = 1.0  # after an unknown outcome, look again this much later
+UNWRITABLE_SECONDS = 600.0  # after a write the API server refuses for good
+REFUSED_SECONDS = 30.0  # after a request refused for our credentials (401/403): RBAC
+
+
+class Retries:
+    """A task looked at again later, or left alone for a while."""
+
+    def __init__(self, store: Store, agenda: Agenda, clock: Clock) -> None:
+        self.store = store
+        self.agenda = agenda
+        self.clock = clock
+
+    def later(self, key: Key, delay: float = RETRY_SECONDS) -> None:
+        """Decide ``key`` again ``delay`` from now (an unknown outcome, a refusal)."""
+        due = self.clock.monotonic() + delay
+        record = self.store.tasks.get(key)
+        if record is not None:
+            record.redecide_at = due
+        self.agenda.at(due, (TIMER_TASK, key))
+
+    def left_alone(self, key: Key, seconds: float = UNWRITABLE_SECONDS) -> None:
+        """Decide nothing about ``key`` for ``seconds`` (its writes are refused for good),
+        then look again."""
+        record = self.store.tasks.get(key)
+        if record is None:
+            return
+        until = self.clock.monotonic() + seconds
+        record.unwritable_until = until
+        self.store.changed.task(key, view=False)  # out of the queue until then
+        self.agenda.at(until, (TIMER_TASK, key))
+
+    def not_granted_for(self, key: Key, seconds: float) -> None:
+        """A pending task is not granted again before ``seconds`` from now."""
+        record = self.store.tasks.get(key)
+        if record is not None:
+            record.retry_at = self.clock.monotonic() + seconds

@@ -237,7 +237,7 @@ async def test_a_lease_replace_that_loses_a_race_is_retried_as_a_clean_create() 
 
     h.kube.create_lease = create  # type: ignore[method-assign]
     task_view = h.record("t").view
-    await h.controller.committer.write_grant(task_view, stale)
+    await h.controller.leases.write_grant(task_view, stale)
     assert created and all("resourceVersion" not in meta for meta in created)
     assert h.lease("t") is not None
 

@@ -1,0 +1,129 @@
+"""Bringing what is derived up to date: with the changes the store recorded, and with time.
+
+- ``apply``: every index, core and readiness made to agree with each record
+  that changed since the last step -- a task's queue entry, claim, phase and
+  core load; a worker's coverage, place in the core and readiness; a Lease's
+  worker readiness, or its task marked for a decision unless the change is a
+  renewal of a healthy claim;
+- ``fire_timers``: each due timer's subject looked at;
+- ``rebuild``: every index and core from scratch (a new leader, a resync).
+"""
+
+from __future__ import annotations
+
+from agentq import protocol
+from agentq.operator.cores import Cores
+from agentq.operator.decide import Decider
+from agentq.operator.indexes import Indexes
+from agentq.operator.publish import Publisher
+from agentq.operator.readiness import WorkerReadiness
+from agentq.operator.store import Store
+from agentq.operator.tokens import TokenAllocator
+from agentq.operator.work import TIMER_BACKOFF, TIMER_PUBLISH, TIMER_TASK, TIMER_WORKER, Agenda
+from agentq.views import Key, LeaseView
+
+__all__ = ["Follower"]
+
+
+class Follower:
+    """Keeps the derived state following the store and the clock (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        indexes: Indexes,
+        cores: Cores,
+        agenda: Agenda,
+        readiness: WorkerReadiness,
+        publisher: Publisher,
+        decider: Decider,
+        tokens: TokenAllocator,
+    ) -> None:
+        self.store = store
+        self.indexes = indexes
+        self.cores = cores
+        self.agenda = agenda
+        self.readiness = readiness
+        self.publisher = publisher
+        self.decider = decider
+        self.tokens = tokens
+
+    def apply(self) -> None:
+        """Make the indexes, cores and readiness agree with every record that changed."""
+        changed = self.store.changed
+        while changed:
+            workers, leases, tasks = (
+                list(changed.workers),
+                list(changed.leases.items()),
+                list(changed.tasks.items()),
+            )
+            changed.clear()
+            for key in workers:
+                self._apply_worker(key)
+            for key, view_changed in tasks:
+                self._apply_task(key, view_changed)
+            for _, (old, new) in leases:
+                self._apply_lease(old, new)
+
+    def _apply_task(self, key: Key, view_changed: bool) -> None:
+        record = self.store.tasks.get(key)
+        self.indexes.sync_task(key, record)
+        for worker in self.cores.sync_load(key, record):
+            if worker is not None:
+                self.publisher.mark((key[0], worker))
+        if record is None:
+            self.agenda.dirty.discard(key)
+            return
+        self.tokens.observe(record.view.status.fencing_token)
+        if view_changed:
+            self.agenda.dirty.add(key)
+
+    def _apply_worker(self, key: Key) -> None:
+        record = self.store.workers.get(key)
+        self.agenda.dirty.update(self.indexes.sync_worker(key, record))
+        if record is None:
+            self.agenda.dirty.update((key[0], task) for task in self.cores.upsert_worker(key, None))
+            self.publisher.forget(key)
+            return
+        self.readiness.evaluate(key)
+        self.publisher.check(record)
+
+    def _apply_lease(self, old: LeaseView | None, new: LeaseView | None) -> None:
+        lease = new or old
+        assert lease is not None
+        subject = (lease.namespace, lease.subject)
+        if lease.kind == protocol.LEASE_KIND_WORKER:
+            self.readiness.evaluate(subject)  # and looked at again when it would go stale
+            return
+        task = self.store.task(subject)
+        if task is not None and not self.decider.renewal_only(task, old, new):
+            self.agenda.dirty.add(subject)
+
+    def fire_timers(self, now: float) -> None:
+        for kind, key in self.agenda.timers.pop_due(now):
+            if kind == TIMER_TASK:
+                task = self.store.tasks.get(key)
+                if task is not None:
+                    self.decider.timer(task, now)
+            elif kind == TIMER_BACKOFF:
+                self.indexes.sync_task(key, self.store.tasks.get(key))  # queued if it may be
+            elif kind == TIMER_PUBLISH:
+                self.publisher.timer(key, now)
+            elif kind == TIMER_WORKER:
+                self.readiness.evaluate(key)  # renewed since: pushes the timer for the new expiry
+
+    def rebuild(self, *, urgent: bool) -> None:
+        """Every index and core from the records; every task decided and every worker
+        evaluated again (``urgent``: its status compared at once, a new leader's way)."""
+        self.store.changed.clear()
+        self.indexes.rebuild(self.store)
+        for namespace in {key[0] for key in self.store.workers}:
+            self.cores.of(namespace)
+        for key, task in self.store.tasks.items():
+            self.cores.sync_load(key, task)
+            self.tokens.observe(task.view.status.fencing_token)
+        for key in self.store.workers:
+            self.readiness.evaluate(key)  # with its staleness timer
+            self.publisher.mark(key, urgent=urgent)
+        self.agenda.dirty.update(self.store.tasks)

@@ -1,0 +1,174 @@
+"""The claim Leases the operator writes: a grant's Lease, and an ended attempt's deleted.
+
+- ``write_grant``: create the grant's Lease, or raise an older one to it --
+  never lower a token -- and replace a Lease of an earlier task of the same name
+  (deleted and re-created); a create that finds one already there reads it and
+  tries again; a Lease the API server refuses for good leaves the task alone
+  for a while (``UNWRITABLE_SECONDS``) instead of a retry every pass.
+- ``delete``: the Lease of an attempt that ended, with a precondition on the
+  version the decision saw, off the decision path (a low-priority slot).
+
+Every reply is recorded in the store like a watch event.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agentq import claims, protocol, views
+from agentq.clock import Clock, micro_rfc3339
+from agentq.operator.gate import RequestGate
+from agentq.operator.port import Body, Kube, KubeError, Status
+from agentq.operator.store import Store
+from agentq.operator.work import REFUSED_SECONDS, Agenda, Retries, Stats
+from agentq.views import Key, LeaseView, TaskView
+
+__all__ = ["ClaimLeases", "gone"]
+
+log = logging.getLogger("agentq.controller")
+
+
+class ClaimLeases:
+    """Writes claim Leases (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        agenda: Agenda,
+        gate: RequestGate,
+        kube: Kube,
+        clock: Clock,
+        retries: Retries,
+        stats: Stats,
+    ) -> None:
+        self.store = store
+        self.agenda = agenda
+        self.gate = gate
+        self.kube = kube
+        self.clock = clock
+        self.retries = retries
+        self.stats = stats
+
+    def observe(self, body: Body, *, deleted: bool = False) -> None:
+        self.store.observe_lease(body, deleted=deleted, now=self.clock.monotonic(), wall_age=0.0)
+        self.agenda.poke()
+
+    async def delete(self, key: Key, lease: LeaseView) -> None:
+        """Delete the Lease of an attempt that ended -- the one the decision saw: if it
+        changed since (a new grant replaced it), the delete is refused (409) and the
+        Lease stays. It tells a holder that is still alive at once that it lost the
+        claim; nothing else waits on it, so it goes out after the decisions' requests."""
+        record = self.store.leases.get(lease.key)
+        if record is None or record.deleting:
+            return
+        record.deleting = True
+        try:
+            reply = await self.gate.call_low(
+                self.kube.delete_lease, lease.namespace, lease.name, lease.resource_version
+            )
+        except KubeError as err:
+            log.info("deleting Lease %s/%s had an unknown outcome: %s", *lease.key, err)
+            self.retries.later(key)  # decide again
+            return
+        finally:
+            record.deleting = False
+        if reply.ok or reply.status is Status.GONE:
+            self.observe(gone(lease), deleted=True)
+        elif reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+            log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
+            self.retries.later(key, REFUSED_SECONDS)
+
+    def grant_lease_body(self, task: TaskView) -> Body:
+        status = task.status
+        now = micro_rfc3339(self.clock.now())
+        worker = str(status.worker)
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": protocol.task_lease_name(task.name),
+                "namespace": task.namespace,
+                "labels": {
+                    protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK,
+                    protocol.LABEL_TASK: protocol.label_value(task.name),
+                    protocol.LABEL_WORKER: protocol.label_value(worker),
+                },
+                "annotations": {
+                    protocol.ANNOTATION_TOKEN: str(status.fencing_token),
+                    protocol.ANNOTATION_ATTEMPT: str(status.attempt or 1),
+                    protocol.ANNOTATION_TASK_UID: task.uid,
+                },
+                "ownerReferences": [
+                    {
+                        "apiVersion": "agentq.dev/v1alpha1",
+                        "kind": "AgentTask",
+                        "name": task.name,
+                        "uid": task.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": False,
+                    }
+                ],
+            },
+            "spec": {
+                "holderIdentity": worker,
+                "leaseDurationSeconds": task.spec.lease_duration_seconds,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": max(0, (status.attempt or 1) - 1),
+            },
+        }
+
+    async def write_grant(self, task: TaskView, lease: LeaseView | None) -> None:
+        """Create the grant's Lease, or raise an older one to it -- never lower a token.
+
+        A Lease of another task of this name (deleted and re-created) is replaced; one
+        that already carries this token or a higher one is left for ``decide`` to judge.
+        A Lease the API server refuses for good leaves the task alone for a while.
+        """
+        body = self.grant_lease_body(task)
+        name = body["metadata"]["name"]
+        token = task.status.fencing_token or 0
+        for _ in range(4):
+            if lease is None:
+                body["metadata"].pop("resourceVersion", None)  # a create carries none
+                reply = await self.gate.call(self.kube.create_lease, task.namespace, body)
+                if reply.status is Status.CONFLICT:
+                    got = await self.gate.call(self.kube.get_lease, task.namespace, name)
+                    if got.ok and got.body is not None:
+                        self.observe(got.body)
+                        lease = views.lease_view(got.body)
+                    continue
+            else:
+                foreign = claims.lease_foreign(task, lease)
+                if not foreign and lease.token is not None and lease.token >= token:
+                    return
+                body["metadata"]["resourceVersion"] = lease.resource_version
+                reply = await self.gate.call(self.kube.replace_lease, task.namespace, name, body)
+                if reply.status in (Status.CONFLICT, Status.GONE):
+                    lease = None
+                    continue
+            if reply.ok and reply.body is not None:
+                self.observe(reply.body)
+            elif reply.status is Status.FORBIDDEN:
+                self.stats.refused += 1
+                log.error("grant Lease of %s/%s forbidden: %s", *task.key, reply.message)
+                self.retries.later(task.key, REFUSED_SECONDS)
+            elif reply.status is Status.INVALID:
+                log.error(
+                    "grant Lease of %s/%s refused: %s", task.namespace, task.name, reply.message
+                )
+                self.retries.left_alone(task.key)
+            return
+        self.retries.later(task.key)  # the Lease kept changing under us: decide again
+
+
+def gone(lease: LeaseView) -> Body:
+    return {
+        "metadata": {
+            "namespace": lease.namespace,
+            "name": lease.name,
+            "resourceVersion": lease.resource_version,
+        }
+    }

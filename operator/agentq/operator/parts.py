@@ -1,0 +1,203 @@
+"""The operator's parts, wired: each built from the collaborators it uses, none from the
+controller (docs/architecture.md draws them)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentq import claims
+from agentq.clock import Clock
+from agentq.operator.blind import BlindTime
+from agentq.operator.commit import Committer
+from agentq.operator.config import OperatorConfig
+from agentq.operator.confirm import ExpiryConfirmer
+from agentq.operator.cores import Cores
+from agentq.operator.decide import Decider
+from agentq.operator.dispatch import Dispatcher
+from agentq.operator.events import EventSink
+from agentq.operator.follow import Follower
+from agentq.operator.gate import RequestGate
+from agentq.operator.health import WatchHealth
+from agentq.operator.indexes import Indexes
+from agentq.operator.leases import ClaimLeases
+from agentq.operator.port import Kube
+from agentq.operator.publish import Publisher
+from agentq.operator.readiness import WorkerReadiness
+from agentq.operator.slots import Slots
+from agentq.operator.store import Store
+from agentq.operator.tokens import TokenAllocator
+from agentq.operator.work import Agenda, Retries, Stats
+
+__all__ = ["Parts", "wire"]
+
+
+@dataclass
+class Parts:
+    store: Store
+    agenda: Agenda
+    indexes: Indexes
+    cores: Cores
+    retries: Retries
+    blind: BlindTime
+    slots: Slots
+    gate: RequestGate
+    events: EventSink
+    tokens: TokenAllocator
+    publisher: Publisher
+    readiness: WorkerReadiness
+    confirmer: ExpiryConfirmer
+    leases: ClaimLeases
+    committer: Committer
+    decider: Decider
+    dispatcher: Dispatcher
+    follower: Follower
+
+
+def wire(
+    *,
+    kube: Kube,
+    clock: Clock,
+    config: OperatorConfig,
+    rng: random.Random,
+    health: WatchHealth,
+    events: EventSink | None,
+    tokens: TokenAllocator | None,
+    stats: Stats,
+    poke: Callable[[], None],
+    may_send: Callable[[], bool],
+) -> Parts:
+    """Every part, from the port, the clock and the settings. ``poke`` wakes the loop;
+    ``may_send``: whether a decision made may still go out (leadership)."""
+    store = Store()
+    agenda = Agenda(poke)
+    indexes = Indexes(timers=agenda.timers, clock=clock)
+    cores = Cores(store, indexes.claims)
+    retries = Retries(store, agenda, clock)
+    # Time the operator could not watch is given back to every Lease.
+    blind = BlindTime(
+        store=store,
+        clock=clock,
+        stats=stats,
+        stall_seconds=config.stall_seconds,
+        silence_seconds=config.api_silence_seconds,
+    )
+    # -- API requests: decisions first, then Events and tidying up
+    slots = Slots(config.write_concurrency, clock=clock)
+    gate = RequestGate(slots, may_send=may_send, on_done=poke)
+    events = events or EventSink(kube, clock, component="agentq-operator", slots=slots)
+    tokens = tokens or TokenAllocator(
+        kube,
+        clock,
+        namespace=config.leader_namespace,
+        name=config.token_lease,
+        block=config.token_block,
+    )
+    # -- the parts
+    publisher = Publisher(
+        store=store,
+        indexes=indexes,
+        cores=cores,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        config=config,
+        stats=stats,
+    )
+    readiness = WorkerReadiness(
+        store=store,
+        cores=cores,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        publisher=publisher,
+        redecide=agenda.dirty.update,
+    )
+    confirmer = ExpiryConfirmer(gate=gate, kube=kube, cores=cores, stats=stats)
+    leases = ClaimLeases(
+        store=store,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        retries=retries,
+        stats=stats,
+    )
+    committer = Committer(
+        store=store,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        events=events,
+        clock=clock,
+        confirmer=confirmer,
+        readiness=readiness,
+        leases=leases,
+        retries=retries,
+        stats=stats,
+        credits=lambda: blind.credits,
+    )
+    decider = Decider(
+        store=store,
+        indexes=indexes,
+        agenda=agenda,
+        gate=gate,
+        committer=committer,
+        health=health,
+        clock=clock,
+        rng=rng,
+        policy=claims.Policy(
+            max_reclaims=config.max_reclaims,
+            progress_interval=config.progress_status_interval,
+        ),
+        stats=stats,
+        write_concurrency=config.write_concurrency,
+        credits=lambda: blind.credits,
+    )
+    dispatcher = Dispatcher(
+        store=store,
+        indexes=indexes,
+        cores=cores,
+        tokens=tokens,
+        gate=gate,
+        committer=committer,
+        leases=leases,
+        retries=retries,
+        publisher=publisher,
+        clock=clock,
+        stats=stats,
+        batch=config.dispatch_batch,
+    )
+    follower = Follower(
+        store=store,
+        indexes=indexes,
+        cores=cores,
+        agenda=agenda,
+        readiness=readiness,
+        publisher=publisher,
+        decider=decider,
+        tokens=tokens,
+    )
+    return Parts(
+        store=store,
+        agenda=agenda,
+        indexes=indexes,
+        cores=cores,
+        retries=retries,
+        blind=blind,
+        slots=slots,
+        gate=gate,
+        events=events,
+        tokens=tokens,
+        publisher=publisher,
+        readiness=readiness,
+        confirmer=confirmer,
+        leases=leases,
+        committer=committer,
+        decider=decider,
+        dispatcher=dispatcher,
+        follower=follower,
+    )
