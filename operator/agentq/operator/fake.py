@@ -145,9 +145,11 @@ class FakeKube:
         change(body)
         return self._stamp(plural, body, "MODIFIED")
 
-    def remove(self, plural: str, namespace: str, name: str) -> None:
+    def remove(self, plural: str, namespace: str, name: str) -> Body:
+        """Delete an object; returns its last state. Its DELETED event carries a new
+        resourceVersion, the deletion's, as the API server's does."""
         body = self.objects.pop((plural, namespace, name))
-        self._emit(plural, "DELETED", body)
+        return self._stamp(plural, body, "DELETED")
 
     def get(self, plural: str, namespace: str, name: str) -> Body | None:
         found = self.objects.get((plural, namespace, name))
@@ -266,7 +268,7 @@ class FakeKube:
                 return Reply(Status.CONFLICT, None, "precondition failed")
             self.writes["leases DELETE"] += 1
             del self.objects[key]
-            self._emit("leases", "DELETED", old)
+            self._stamp("leases", old, "DELETED")
             return Reply(Status.OK, None)
 
         return await self._run("delete_lease", (namespace, name, resource_version), do)
