@@ -1,5 +1,8 @@
 # The agentq image: `agentq operator` (the operator) and `agentq sidecar` (the
-# heartbeat sidecar in agent pods); one image, two commands.
+# heartbeat sidecar in agent pods); one image, two commands. It holds the product
+# (the agentq distribution, operator/) and the agent SDK it runs agent-sim on
+# (agentq-agent, sdk/): not the development tools (agentq-dev, tools/), nor pip or
+# setuptools (docs/install.md, "The image").
 #
 # BASE is any Debian-based image with Python 3.11 and its venv module. Elsewhere
 # the default, python:3.11-slim, is pulled as usual; `make image` passes a local
@@ -8,15 +11,27 @@ ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python3 -m venv /opt/agentq
+# /opt/build's pip and setuptools build and install; /opt/agentq, the runtime, gets
+# the dependencies and the two wheels only (pip --python installs into it).
+RUN python3 -m venv /opt/build && python3 -m venv --without-pip /opt/agentq
 WORKDIR /src
 # Dependencies first (pinned in pyproject.toml, with the build backend), so a code
-# change reuses this layer and the final image's copy of it.
+# change reuses this layer and the final image's copy of it. agentq-agent is built
+# below from sdk/ (it has no dependencies of its own).
 COPY pyproject.toml README.md ./
-RUN /opt/agentq/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(p["project"]["dependencies"] + p["build-system"]["requires"]))' > /tmp/requirements.txt \
- && /opt/agentq/bin/pip install --quiet -r /tmp/requirements.txt
+COPY sdk/pyproject.toml sdk/README.md ./sdk/
+RUN /opt/build/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(r for r in p["project"]["dependencies"] if not r.startswith("agentq-agent")))' > /tmp/requirements.txt \
+ && /opt/build/bin/pip --python /opt/agentq/bin/python install --quiet -r /tmp/requirements.txt \
+ && /opt/build/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' > /tmp/build-requirements.txt \
+ && /opt/build/bin/pip install --quiet -r /tmp/build-requirements.txt
 COPY operator ./operator
-RUN /opt/agentq/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /wheels .
+COPY sdk/src ./sdk/src
+# The two wheels, installed under /stage (as they will lie in /opt/agentq) so that the
+# final image takes them as a small layer of their own.
+RUN /opt/build/bin/pip wheel --quiet --no-deps --no-build-isolation --wheel-dir /wheels . ./sdk \
+ && /opt/build/bin/pip --python /opt/agentq/bin/python install --quiet --root /stage \
+      --no-warn-script-location --no-deps --no-index --no-compile /wheels/*.whl \
+ && /opt/agentq/bin/python -m compileall -q -s /stage -p / /stage/opt/agentq/lib
 
 FROM ${BASE}
 # Runs as uid 65532 with a read-only root filesystem; writes go to a tmpfs at /tmp.
@@ -27,10 +42,7 @@ FROM ${BASE}
 RUN echo 'agentq:x:65532:65532:agentq:/tmp:/usr/sbin/nologin' >> /etc/passwd \
  && echo 'agentq:x:65532:' >> /etc/group
 COPY --from=build /opt/agentq /opt/agentq
-COPY --from=build /wheels /tmp/wheels
-RUN /opt/agentq/bin/pip install --quiet --no-deps --no-index --no-compile /tmp/wheels/*.whl \
- && /opt/agentq/bin/python -m compileall -q /opt/agentq/lib/python3*/site-packages/agentq \
- && rm -rf /tmp/wheels
+COPY --from=build /stage/ /
 ENV PATH=/opt/agentq/bin:$PATH \
     USER=agentq LOGNAME=agentq HOME=/tmp \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

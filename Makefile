@@ -20,10 +20,14 @@ help:
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
 	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
 
-$(STAMP): pyproject.toml
+# Three distributions, installed editable in one command (so that pip takes the
+# local agentq-agent and agentq for the pins of the others): agentq (operator/, the
+# product), agentq-agent (sdk/, the agent SDK) and agentq-dev (tools/, the control
+# plane, demo, simulator); docs/install.md, "Distributions".
+$(STAMP): pyproject.toml sdk/pyproject.toml tools/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet -e '.[test,dev,plot]'
+	$(BIN)/pip install --quiet -e ./sdk -e '.[test,dev]' -e './tools[plot]'
 	touch $@
 
 venv: $(STAMP)
@@ -80,19 +84,21 @@ e2e: venv node image
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
 
 lint: venv
-	$(BIN)/ruff check operator tests bench e2e
-	$(BIN)/ruff format --check operator tests bench e2e
+	$(BIN)/ruff check operator sdk tools tests bench e2e
+	$(BIN)/ruff format --check operator sdk tools tests bench e2e
 
 typecheck: venv
 	$(BIN)/mypy
 
+# agentq imported first: its __init__ joins the three source roots into the package,
+# where import-linter finds the modules of all three.
 imports: venv
-	$(BIN)/lint-imports
+	$(BIN)/python -c 'import sys, agentq, importlinter.cli; sys.exit(importlinter.cli.lint_imports_command())'
 
 check: lint typecheck imports
 
 unit: venv
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest tests/unit sdk/tests
 
 integration: venv system-deps controlplane
 	$(BIN)/pytest tests/integration

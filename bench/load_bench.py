@@ -169,7 +169,7 @@ class Variant:
     @classmethod
     def parse(cls, text: str) -> Variant:
         """``new``, ``kopf``, ``threads``, ``baseline=DIR``; any of them followed by
-        ``@VAR=value`` settings of the operator, e.g. ``new@WRITE_CONCURRENCY=64``."""
+        ``@VAR=value`` settings of the operator, e.g. ``new@AGENTQ_WRITE_CONCURRENCY=64``."""
         if "@" in text:
             base, *settings = text.split("@")
             variant = cls.parse(base)

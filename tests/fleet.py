@@ -396,12 +396,16 @@ class Fleet:
         ]
         # Worker status counts are a snapshot written at most every WORKER_STATUS_INTERVAL
         # (30 s by default, from the leader's start): tests that read them wait 2 s.
-        extra = {"WORKER_STATUS_INTERVAL": "2", **(env or {})}
+        extra = {"AGENTQ_WORKER_STATUS_INTERVAL": "2", **(env or {})}
         # AGENTQ_TEST_OPERATOR_SRC=DIR runs the operator from another source tree (its
         # operator/ directory), e.g. `git archive main`: to see a test fail before a fix.
         src = os.environ.get("AGENTQ_TEST_OPERATOR_SRC")
         if src:
             extra["PYTHONPATH"] = str(Path(src) / "operator")
+            # Trees before the AGENTQ_ prefix read the settings without it.
+            for name, value in list(extra.items()):
+                if name.startswith("AGENTQ_"):
+                    extra[name.removeprefix("AGENTQ_")] = value
             at = args.index(AGENTQ)
             args = [*args[:at], sys.executable, "-m", "agentq.cli", *args[at + 1 :]]
         proc = Process(

@@ -52,7 +52,7 @@ def arena(
         control_plane,
         workdir,
         operator_flags=("--leader-lease-seconds", "4"),
-        operator_env={"LEADER_RENEW_SECONDS": "3.5"},
+        operator_env={"AGENTQ_LEADER_RENEW_SECONDS": "3.5"},
     )
     try:
         yield arena

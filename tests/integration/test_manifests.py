@@ -45,7 +45,7 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
     (container,) = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
-    assert {"LEADER_NAMESPACE"} <= {e["name"] for e in container["env"]}
+    assert {"AGENTQ_LEADER_NAMESPACE"} <= {e["name"] for e in container["env"]}
     assert container["image"] == "agentq:dev"
     # The agent role: no delete, no AgentTask writes, no status writes.
     agent_rules = objects[("ClusterRole", "agentq-agent")]["rules"]

@@ -159,7 +159,7 @@ def test_a_stopped_leader_does_not_send_decisions_queued_before_a_standby_took_o
     relay, kubeconfig = relayed_kubeconfig(fleet.kubeconfig, tmp_path)
     a: Process | None = None
     try:
-        a = fleet.operator(*FLAGS, env={"KUBECONFIG": kubeconfig, "WRITE_CONCURRENCY": "1"})
+        a = fleet.operator(*FLAGS, env={"KUBECONFIG": kubeconfig, "AGENTQ_WRITE_CONCURRENCY": "1"})
         replica_a = a
         wait_for("A leads", lambda: str(replica_a.pid) in fleet.leader(), fleet)
         b = fleet.operator(*FLAGS)

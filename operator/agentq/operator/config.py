@@ -1,94 +1,182 @@
-"""Operator settings: every field has a flag, an environment variable and a default.
+"""Operator settings: every field below has a flag and an environment variable made
+from its name (``max_reclaims``: ``--max-reclaims``, ``AGENTQ_MAX_RECLAIMS``) and a
+default. Flags win over environment variables, which win over the defaults.
 
-Flags win over environment variables, which win over the defaults below.
+``agentq operator`` makes its options from these fields (operator/command.py); the
+help text, the bounds a value must keep and the default as people read it live beside
+each field, so the flags, ``--help`` and docs/operator.md (a test compares the table)
+cannot drift apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+ENV_PREFIX = "AGENTQ_"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How one setting is given: its help, the bounds of its value, its default as shown."""
+
+    help: str
+    at_least: float | None = None
+    above: float | None = None  # exclusive lower bound
+    at_most: float | None = None
+    choices: tuple[str, ...] = ()
+    shown: str | None = None  # the default as --help and the docs show it, when not str()
+    flag: str | None = None  # the flag, when not --<name>
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Callable[[], Any] | None = None,
+    **flag: Any,
+) -> Any:
+    """A field of OperatorConfig with its Flag (see above) in the field's metadata."""
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={"flag": Flag(**flag)})
+    return dataclasses.field(default=default, metadata={"flag": Flag(**flag)})
 
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    # MAX_RECLAIMS: failed attempts a task may have before it is dead-lettered, when its
-    # spec does not say (maxReclaims). 3 means at most 4 attempts.
-    max_reclaims: int = 3
-    # DEFAULT_LEASE_SECONDS: lease duration for tasks whose spec does not say; the CRD
-    # default is the same, so this only matters for objects created before the CRD had it.
-    default_lease_seconds: int = 30
-    # RECONCILE_INTERVAL: the periodic sweep; exact timers wake the loop earlier for a
-    # known lease deadline, so this bounds recovery only when a timer is missed.
-    reconcile_interval: float = 2.0
-    # NAMESPACES: comma-separated namespaces to watch; empty means cluster-wide.
-    namespaces: tuple[str, ...] = ()
-    # DISPATCH_BATCH: most grants in flight at once (bounds the work of one step, and how
-    # far decisions run ahead of their writes).
-    dispatch_batch: int = 256
-    # WRITE_CONCURRENCY: API requests in flight at once (the client's connection pool).
-    write_concurrency: int = 32
-    # METRICS_PORT: Prometheus /metrics on 0.0.0.0:port; 0 disables.
-    metrics_port: int = 8080
-    # LEADER_ELECTION: off only for a single replica run by hand.
-    leader_election: bool = True
-    # LEADER_NAMESPACE / LEADER_LEASE: where the replicas elect a leader.
-    leader_namespace: str = "default"
-    leader_lease: str = "agentq-operator"
-    # LEADER_LEASE_SECONDS: a dead leader is replaced within this (plus one retry period).
-    leader_lease_seconds: float = 15.0
-    # LEADER_RENEW_SECONDS: a leader that could not renew for this long stops deciding. It
-    # must be below the lease (else a stale leader decides after the standby took over);
-    # None: two thirds of the lease, at most 10 s (client-go's 15 / 10).
-    leader_renew_seconds: float | None = None
-    leader_retry_seconds: float = 2.0
-    # WORKER_STATUS_INTERVAL: least time between two status writes of one worker whose
-    # counts changed (a change of phase or readiness is written at once). Worker status is
-    # a report for people: it must stay a small fraction of the dispatch writes.
-    worker_status_interval: float = 30.0
-    # WORKER_STATUS_QPS: most writes per second of a worker's changed phase or readiness,
-    # all workers together.
-    worker_status_qps: float = 20.0
-    # WORKER_COUNTS_QPS: most writes per second of workers' changed counts alone (in
-    # flight, served cost), all workers together: at 100 dispatches a second, one write
-    # per 100 dispatches. Status counts are a snapshot; the per-worker metrics follow the
-    # scheduling core within a second.
-    worker_counts_qps: float = 1.0
-    # PROGRESS_STATUS_INTERVAL: least time between two copies of a claim's progress marker
-    # into the task's status (a renewal alone never costs a write).
-    progress_status_interval: float = 10.0
-    # RESYNC_INTERVAL: the safety net -- every task is decided again this often even if no
-    # event or timer asked for it.
-    resync_interval: float = 300.0
-    # REQUEST_TIMEOUT: seconds before an API call's outcome is taken as unknown.
-    request_timeout: float = 10.0
-    # TOKEN_BLOCK: fencing tokens reserved per write of the durable counter (the Lease
-    # TOKEN_LEASE in LEADER_NAMESPACE).
-    token_block: int = 1000
-    token_lease: str = "agentq-fencing-tokens"
-    # INVARIANT_INTERVAL: how often the indexes are built afresh from the store and
-    # compared with the live ones (agentq_invariant_violations_total); also at each resync.
-    invariant_interval: float = 60.0
-    # STALL_SECONDS: the event loop running this late means the process was stopped (or
-    # starved): the time is given back to every Lease instead of counted against it.
-    stall_seconds: float = 1.0
-    # API_SILENCE_SECONDS: a request of ours waiting this long with nothing at all heard
-    # from the API server (no reply, no watch line) means it was not serving: holders
-    # could not renew either, and the time is given back to every Lease (silence.py).
-    api_silence_seconds: float = 2.0
-    # WATCHER / WRITER: the watch and client machinery. informer + rest (aiohttp) by
-    # default; kopf and threads (the kubernetes sync client) are kept for comparison
-    # (make bench-load).
-    watcher: str = "informer"
-    writer: str = "rest"
-    identity: str = field(
-        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    max_reclaims: int = setting(
+        3,
+        at_least=0,
+        help="failed attempts allowed before a task is DeadLettered, when its spec does "
+        "not say (maxReclaims); 3 means at most 4 attempts",
+    )
+    # Exact timers wake the loop earlier for a known lease deadline, so this bounds
+    # recovery only when a timer is missed.
+    reconcile_interval: float = setting(
+        2.0, at_least=0.1, help="the longest the loop sleeps without an event or timer (s)"
+    )
+    namespaces: tuple[str, ...] = setting(
+        (),
+        flag="--namespace",
+        shown="all",
+        help="namespaces to watch (the flag repeated, the variable a comma list)",
+    )
+    # Bounds the work of one step, and how far decisions run ahead of their writes.
+    dispatch_batch: int = setting(256, at_least=1, help="most grants in flight at once")
+    # The client's connection pool.
+    write_concurrency: int = setting(32, at_least=1, help="API requests in flight at once")
+    metrics_port: int = setting(
+        8080, at_least=0, at_most=65535, help="Prometheus /metrics on 0.0.0.0:port; 0 disables"
+    )
+    # Off only for a single replica run by hand.
+    leader_election: bool = setting(True, shown="on", help="elect a leader among the replicas")
+    leader_namespace: str = setting(
+        "default", help="where the election Lease and the fencing-token counter live"
+    )
+    leader_lease: str = setting("agentq-operator", help="the election Lease's name")
+    leader_lease_seconds: float = setting(
+        15.0,
+        at_least=1,
+        help="the election Lease's duration: a dead leader is replaced within it (plus one "
+        "retry period)",
+    )
+    # It must be below the lease, else a stale leader decides after the standby took over
+    # (check() refuses it); client-go's defaults are 15 / 10.
+    leader_renew_seconds: float | None = setting(
+        None,
+        above=0,
+        shown="2/3 of the lease, at most 10",
+        help="a leader that could not renew for this long stops deciding (s)",
+    )
+    leader_retry_seconds: float = setting(
+        2.0, above=0, help="how often a standby tries to take the lead, a leader to renew (s)"
+    )
+    # Worker status is a report for people: it must stay a small fraction of the dispatch
+    # writes.
+    worker_status_interval: float = setting(
+        30.0,
+        at_least=0,
+        help="least time between two writes of one worker's changed counts (s); a change "
+        "of phase or readiness is written at once",
+    )
+    worker_status_qps: float = setting(
+        20.0,
+        above=0,
+        help="most writes per second of workers' changed phase or readiness, all together",
+    )
+    # At 100 dispatches a second, one write per 100 dispatches. Status counts are a
+    # snapshot; the per-worker metrics follow the scheduling core within a second.
+    worker_counts_qps: float = setting(
+        1.0,
+        above=0,
+        help="most writes per second of workers' changed counts alone (in flight, served "
+        "cost), all together",
+    )
+    # A renewal alone never costs a write.
+    progress_status_interval: float = setting(
+        10.0,
+        at_least=0,
+        help="least time between two copies of a claim's progress marker into the task's "
+        "status (s)",
+    )
+    # The safety net: every task is decided again this often even if no event or timer
+    # asked for it.
+    resync_interval: float = setting(300.0, above=0, help="the full re-decision's period (s)")
+    request_timeout: float = setting(
+        10.0, above=0, help="seconds before an API call's outcome is taken as unknown"
+    )
+    token_block: int = setting(
+        1000, at_least=1, help="fencing tokens reserved per write of the durable counter"
+    )
+    token_lease: str = setting(
+        "agentq-fencing-tokens",
+        help="the Lease (in the leader namespace) that holds the fencing-token counter",
+    )
+    # The event loop running this late means the process was stopped (or starved).
+    # Also at each resync (agentq_invariant_violations_total; docs/architecture.md).
+    invariant_interval: float = setting(
+        60.0,
+        above=0,
+        help="how often (s) the indexes are built afresh from the store and compared "
+        "with the live ones",
+    )
+    stall_seconds: float = setting(
+        1.0,
+        above=0,
+        help="a loop this late (s) gives the time back to every Lease instead of counting it",
+    )
+    # Holders could not renew either (silence.py).
+    api_silence_seconds: float = setting(
+        2.0,
+        above=0,
+        help="a request of ours waiting this long (s) with nothing heard from the API server "
+        "gives the time back to every Lease",
+    )
+    # The watch and client machinery: informer + rest (aiohttp) by default; kopf and
+    # threads (the kubernetes sync client) are kept for comparison (make bench-load).
+    watcher: str = setting(
+        "informer",
+        choices=("informer", "kopf"),
+        help="the watch machinery; kopf is kept for comparison",
+    )
+    writer: str = setting(
+        "rest",
+        choices=("rest", "threads"),
+        help="the API client: rest (aiohttp); threads is kept for comparison",
+    )
+    identity: str = setting(
+        factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
+        shown="hostname-pid-random",
+        help="this replica's name in the election Lease",
     )
 
     @property
     def leader_renew_deadline(self) -> float:
-        """The renew deadline in force (see LEADER_RENEW_SECONDS)."""
+        """The renew deadline in force (see leader_renew_seconds)."""
         if self.leader_renew_seconds is not None:
             return self.leader_renew_seconds
         return min(10.0, self.leader_lease_seconds * 2 / 3)
@@ -107,48 +195,41 @@ class OperatorConfig:
                 f"deadline ({self.leader_renew_deadline}s)"
             )
         if not self.api_silence_seconds > 0:
-            raise ValueError("API_SILENCE_SECONDS must be above 0")
+            raise ValueError(f"{env_name('api_silence_seconds')} must be above 0")
         for name in ("worker_status_qps", "worker_counts_qps"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name.upper()} must be above 0 (writes a second)")
+                raise ValueError(f"{env_name(name)} must be above 0 (writes a second)")
         if self.watcher not in ("informer", "kopf"):
             raise ValueError(f"unknown watcher {self.watcher!r} (informer or kopf)")
         if self.writer not in ("rest", "threads"):
             raise ValueError(f"unknown writer {self.writer!r} (rest or threads)")
 
-    @classmethod
-    def env_defaults(cls, environ: dict[str, str] | None = None) -> dict[str, object]:
-        """Values set by environment variables (names as in the comments above)."""
-        env = os.environ if environ is None else environ
-        out: dict[str, object] = {}
-        casts: dict[str, tuple[str, type]] = {
-            "MAX_RECLAIMS": ("max_reclaims", int),
-            "DEFAULT_LEASE_SECONDS": ("default_lease_seconds", int),
-            "RECONCILE_INTERVAL": ("reconcile_interval", float),
-            "DISPATCH_BATCH": ("dispatch_batch", int),
-            "WRITE_CONCURRENCY": ("write_concurrency", int),
-            "METRICS_PORT": ("metrics_port", int),
-            "LEADER_NAMESPACE": ("leader_namespace", str),
-            "LEADER_LEASE": ("leader_lease", str),
-            "LEADER_LEASE_SECONDS": ("leader_lease_seconds", float),
-            "LEADER_RENEW_SECONDS": ("leader_renew_seconds", float),
-            "WORKER_STATUS_INTERVAL": ("worker_status_interval", float),
-            "WORKER_STATUS_QPS": ("worker_status_qps", float),
-            "WORKER_COUNTS_QPS": ("worker_counts_qps", float),
-            "PROGRESS_STATUS_INTERVAL": ("progress_status_interval", float),
-            "RESYNC_INTERVAL": ("resync_interval", float),
-            "REQUEST_TIMEOUT": ("request_timeout", float),
-            "API_SILENCE_SECONDS": ("api_silence_seconds", float),
-            "INVARIANT_INTERVAL": ("invariant_interval", float),
-            "TOKEN_BLOCK": ("token_block", int),
-            "WATCHER": ("watcher", str),
-            "WRITER": ("writer", str),
-        }
-        for var, (name, cast) in casts.items():
-            if var in env:
-                out[name] = cast(env[var])
-        if "NAMESPACES" in env:
-            out["namespaces"] = tuple(n for n in env["NAMESPACES"].split(",") if n)
-        if "LEADER_ELECTION" in env:
-            out["leader_election"] = env["LEADER_ELECTION"].lower() not in ("0", "false", "no")
-        return out
+
+def settings() -> list[dataclasses.Field[Any]]:
+    """OperatorConfig's fields, in order."""
+    return list(dataclasses.fields(OperatorConfig))
+
+
+def flag_of(field: dataclasses.Field[Any]) -> Flag:
+    flag = field.metadata["flag"]
+    assert isinstance(flag, Flag)
+    return flag
+
+
+def flag_name(field: dataclasses.Field[Any]) -> str:
+    return flag_of(field).flag or "--" + field.name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def shown_default(field: dataclasses.Field[Any]) -> str:
+    """The default as people read it: 2.0 is 2, a tuple or a factory says what it means."""
+    flag = flag_of(field)
+    if flag.shown is not None:
+        return flag.shown
+    value = field.default
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
 import pytest
 
-from agentq.fencing import StaleTokenError, postgres
+# The store's driver is the postgres extra: the SDK's tests also run without it.
+psycopg = pytest.importorskip("psycopg", reason="needs the postgres extra (psycopg)")
+
+from agentq.fencing import StaleTokenError, postgres  # noqa: E402
 
 
 class FakeServer:

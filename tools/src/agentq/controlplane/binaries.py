@@ -85,8 +85,8 @@ def source_dir() -> Path:
     explicit = os.environ.get("AGENTQ_CONTROLPLANE_SRC")
     if explicit:
         return Path(explicit)
-    # operator/agentq/controlplane/binaries.py -> repository root is three levels up.
-    return Path(__file__).resolve().parents[3] / "e2e" / "controlplane"
+    # tools/src/agentq/controlplane/binaries.py -> the repository root is four levels up.
+    return Path(__file__).resolve().parents[4] / "e2e" / "controlplane"
 
 
 def reported_version(path: Path, binary: str) -> str:

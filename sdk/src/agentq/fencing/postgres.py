@@ -19,11 +19,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.types.json import Jsonb
-
 from agentq.fencing.base import (
     UNSET,
     Record,
@@ -33,7 +28,14 @@ from agentq.fencing.base import (
     check_identifier,
     check_key,
     check_token,
+    needs_extra,
 )
+
+with needs_extra("postgres", "the PostgreSQL store"):
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.types.json import Jsonb
 
 
 class PostgresFencedStore(TransactionalStore):

@@ -20,9 +20,6 @@ import re
 import time
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
-
 from agentq.fencing.base import (
     UNSET,
     FencedStore,
@@ -30,7 +27,12 @@ from agentq.fencing.base import (
     StaleTokenError,
     check_key,
     check_token,
+    needs_extra,
 )
+
+with needs_extra("configmap", "the ConfigMap store"):
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
 
 _DATA_KEY = re.compile(r"[-._a-zA-Z0-9]{1,253}")
 

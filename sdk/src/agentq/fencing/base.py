@@ -15,11 +15,27 @@ from __future__ import annotations
 import abc
 import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 MAX_TOKEN = 2**63 - 1  # tokens are stored as signed 64-bit integers
+
+
+@contextlib.contextmanager
+def needs_extra(extra: str, what: str) -> Iterator[None]:
+    """Import a store's driver, which agentq-agent installs only as an extra: when it is
+    missing, say which extra brings it (the SDK itself needs nothing but the standard
+    library)."""
+    try:
+        yield
+    except ModuleNotFoundError as err:
+        raise ModuleNotFoundError(
+            f"{what} needs the {err.name!r} package, which is not installed: "
+            f"pip install 'agentq-agent[{extra}]'",
+            name=err.name,
+        ) from err
 
 
 class StaleTokenError(Exception):

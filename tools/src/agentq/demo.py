@@ -61,7 +61,7 @@ from agentq.ops.errors import OpsError
 from agentq.ops.kube import Cluster
 
 NAMESPACE = "agentq-demo"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]  # tools/src/agentq/demo.py
 CRDS = REPO / "crds"
 WORKERS = {  # name: (capabilities, weight)
     "small": (("llm",), 1),
