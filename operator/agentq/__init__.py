@@ -1,7 +1,7 @@
 """agentq: a fair-share task queue for fleets of AI agents, as a Kubernetes operator.
 
-The contract (names, resources, behaviour) is in the project's DESIGN notes and
-``docs/``. Subpackages own one job each:
+The contract (names, resources, behaviour) is written down in
+``docs/`` (api.md, concepts.md, operator.md). Subpackages own one job each:
 
 - ``agentq.scheduler``: the pure dispatch core (weighted deficit round-robin).
 - ``agentq.operator``, ``agentq.sidecar``: the two commands of the image.

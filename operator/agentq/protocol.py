@@ -1,7 +1,7 @@
 """The wire protocol between the operator and agents: names, labels, annotations.
 
 An agent never writes an AgentTask. Everything it says travels on the claim's
-Lease (DESIGN "Fencing"): renewals in ``spec.renewTime``, a progress marker and
+Lease (docs/fencing.md): renewals in ``spec.renewTime``, a progress marker and
 the final report in annotations under ``agentq.dev/``. The operator writes the
 fencing token onto the Lease when it grants it. This module is pure: it builds
 and parses those values and does no I/O.

@@ -7,7 +7,7 @@ decisions read, typed by the pydantic models (``AgentTaskSpec``,
 dropped on the way in -- a task's ``payload``, a status' ``result`` -- which
 keeps memory small and means no recursive code ever walks them.
 
-No input may stop the operator (DESIGN "Liveness"), so building a view never
+No input may stop the operator (docs/operator.md, "Liveness"), so building a view never
 raises: what does not fit becomes a ``Problem`` on the view, which the
 decisions turn into a visible state. ``decode`` reads JSON nested deeper than
 Python's recursion limit (the API server accepts ~10,000 levels) without a

@@ -21,6 +21,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -247,7 +248,7 @@ class ChaosRun:
             self.cluster.down()
             urllib3_log.setLevel(urllib3_level)
         self.load.append(os.getloadavg()[0])
-        errors, tracebacks, acquisitions = self._operator_log_counts()
+        errors, tracebacks, acquisitions, checks, broken = self._operator_log_counts()
         collected = Collected(
             plan=self.plan,
             kit=self.kit.name,
@@ -264,6 +265,8 @@ class ChaosRun:
             operator_errors=errors,
             operator_tracebacks=tracebacks,
             leader_acquisitions=acquisitions,
+            invariant_checks=checks,
+            invariant_violations=broken,
             load=tuple(self.load),
             skipped=self.skipped,
         )
@@ -319,6 +322,10 @@ class ChaosRun:
                     "4",
                     "--reconcile-interval",
                     "1",
+                    # The store's indexes compared with the records every 2 s: 0 differences
+                    # allowed (verify.py).
+                    "--invariant-interval",
+                    "2",
                     "--metrics-port",
                     "0",
                 ]
@@ -542,9 +549,12 @@ class ChaosRun:
 
     # -- logs ----------------------------------------------------------------------
 
-    def _operator_log_counts(self) -> tuple[int, int, int]:
-        errors = tracebacks = acquisitions = 0
+    def _operator_log_counts(self) -> tuple[int, int, int, int, int]:
+        """ERROR lines, tracebacks, leader acquisitions, invariant checks (at least: each
+        replica process says every 100th) and invariant violations."""
+        errors = tracebacks = acquisitions = checks = broken = 0
         for log in sorted((self.workdir / "logs").glob("replica-*.log")):
+            said = 0
             for line in log.read_text(errors="replace").splitlines():
                 if '"level": "ERROR"' in line:
                     errors += 1
@@ -552,7 +562,13 @@ class ChaosRun:
                     tracebacks += 1
                 if "acquired leadership" in line:
                     acquisitions += 1
-        return errors, tracebacks, acquisitions
+                if "invariant violated" in line:
+                    broken += 1
+                found = re.search(r"invariants: (\d+) checks", line)
+                if found:
+                    said = int(found.group(1))
+            checks += said
+        return errors, tracebacks, acquisitions, checks, broken
 
 
 def _worker_body(w: p.WorkerPlan) -> dict[str, Any]:

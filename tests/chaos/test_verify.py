@@ -95,6 +95,10 @@ def test_a_lost_task_is_a_violation() -> None:
     assert any("lost: b" in v for v in _breaks(lambda c: c.tasks.pop(1)))
 
 
+def test_a_difference_between_the_operators_indexes_and_its_store_is_a_violation() -> None:
+    assert any("invariants" in v for v in _breaks(lambda c: setattr(c, "invariant_violations", 1)))
+
+
 def test_an_unfinished_task_is_a_violation() -> None:
     def running(c: Collected) -> None:
         c.tasks[1]["status"]["phase"] = "Running"

@@ -55,6 +55,8 @@ class Collected:
     refused_by_sink: int = 0
     operator_errors: int = 0
     operator_tracebacks: int = 0
+    invariant_checks: int = 0  # at least (each replica process says every 100th)
+    invariant_violations: int = 0
     leader_acquisitions: int = 0
     skipped: list[str] = field(default_factory=list)
     load: tuple[float, ...] = ()
@@ -102,6 +104,11 @@ def verify(c: Collected) -> Verdict:
             unfinished.append(f"{name}={phase}{waits}")
     if unfinished:
         violations.append(f"not terminal: {len(unfinished)} tasks, e.g. {unfinished[:10]}")
+    if c.invariant_violations:
+        violations.append(
+            f"invariants: {c.invariant_violations} differences between the operator's "
+            "indexes and its store (see 'invariant violated' in the replica logs)"
+        )
     extra = sorted(set(by_name) - planned)
     if extra:
         violations.append(f"tasks nobody created: {extra[:10]}")
@@ -248,6 +255,8 @@ def verify(c: Collected) -> Verdict:
         "leader acquisitions": c.leader_acquisitions,
         "operator ERROR lines": c.operator_errors,
         "operator tracebacks": c.operator_tracebacks,
+        "invariant checks (at least)": c.invariant_checks,
+        "invariant violations": c.invariant_violations,
     }
     if c.skipped:
         figures["skipped"] = c.skipped

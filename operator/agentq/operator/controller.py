@@ -202,6 +202,13 @@ class Controller:
             self.stats.invariant_violations += 1
             metrics.INVARIANT_VIOLATIONS.labels(violation.index).inc()
             log.error("invariant violated: %s", violation)
+        checks = self.stats.invariant_checks
+        if checks == 1 or checks % 100 == 0:
+            log.info(
+                "invariants: %d checks, %d violations since start",
+                checks,
+                self.stats.invariant_violations,
+            )
 
     def _resync(self, now: float) -> None:
         """The safety net: build every index afresh (saying what differed), and decide

@@ -6,7 +6,7 @@ module turns what the watch says about those Leases into attempts, records the
 agent's heartbeats, and decides when each Lease is renewed. It does no I/O and
 has no clock of its own: every method takes ``now`` (monotonic seconds).
 
-The renewal rule (agent-gated, DESIGN "The sidecar and the agent"):
+The renewal rule (agent-gated; docs/agent-api.md):
 
 - the first renewal of an attempt happens at the agent's first heartbeat for it
   (that renewal is what the operator takes as "Running");

@@ -1,5 +1,5 @@
-"""A re-dispatch prefers another worker (DESIGN: "Redispatch (count a reclaim, re-dispatch
-to an eligible worker, preferring another one)"), on the in-memory API server.
+"""A re-dispatch prefers another worker (docs/scheduling.md, "The avoid set"), on the
+in-memory API server.
 
 The worker whose claim expired is ineligible only until its worker Lease is renewed
 again; when its pod is replaced at once (a Deployment's new pod renews the worker Lease

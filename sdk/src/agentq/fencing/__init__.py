@@ -1,5 +1,5 @@
 """Fenced sinks: stores that refuse a write carrying a lower fencing token than one
-they have already seen for the same key (DESIGN "Fencing"; docs/fencing.md).
+they have already seen for the same key (docs/fencing.md).
 
     from agentq.fencing import open_store, StaleTokenError
 
