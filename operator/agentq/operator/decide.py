@@ -22,7 +22,7 @@ from agentq.operator.commit import Committer
 from agentq.operator.gate import RequestGate
 from agentq.operator.health import WatchHealth
 from agentq.operator.indexes import Indexes
-from agentq.operator.store import Grace, LeaseRecord, Store, TaskRecord
+from agentq.operator.store import Grace, LeaseRecord, Store, TaskRecord, renews
 from agentq.operator.work import TIMER_TASK, Agenda, Stats
 from agentq.views import LeaseView, TaskView
 
@@ -188,14 +188,9 @@ class Decider:
         a healthy claim: the holder, token and report unchanged. No decision, no write:
         the claim's timer finds the new deadline when it fires, and a changed progress
         marker is copied into status when its interval allows (a timer for that)."""
-        if (
-            new is None
-            or old is None
-            or task.phase is not TaskPhase.RUNNING
-            or task.status.grace_until is not None
-            or (old.holder, old.token_text, old.report) != (new.holder, new.token_text, new.report)
-        ):
+        if not renews(task, old, new):
             return False
+        assert old is not None and new is not None
         if old.progress != new.progress:
             record = self.store.tasks[task.key]
             now = self.clock.monotonic()

@@ -26,6 +26,7 @@ from agentq import protocol, views
 from agentq.claims import Readiness
 from agentq.expiry import LeaseRecord as Renewal
 from agentq.expiry import Observation
+from agentq.models import TaskPhase
 from agentq.operator.port import Body
 from agentq.views import Key, LeaseView, TaskView, WorkerView
 
@@ -274,8 +275,8 @@ class Store:
         """``now``: our monotonic clock; ``wall_age``: how old the Lease's renewTime is by
         our wall clock (for a worker Lease seen for the first time). Returns False for a
         change nothing need wait for: a renewal of a task claim (holder, token and report
-        as they were), or of a worker Lease whose worker is Ready (the step notes it when
-        it next runs)."""
+        as they were: ``renews``), or of a worker Lease whose worker is Ready (the step
+        notes it when it next runs)."""
         view = views.lease_view(body)
         key = view.key
         if view.kind not in (protocol.LEASE_KIND_TASK, protocol.LEASE_KIND_WORKER):
@@ -320,11 +321,7 @@ class Store:
                 or worker.readiness is None
                 or worker.readiness[0] is not Readiness.READY
             )
-        return (old.holder, old.token_text, old.report) != (
-            view.holder,
-            view.token_text,
-            view.report,
-        )
+        return not renews(self.task((view.namespace, view.subject)), old, view)
 
     def start_write(self, record: TaskRecord, *, granting: str | None = None) -> None:
         """A write about the task is going out (``granting``: a grant to that worker)."""
@@ -364,6 +361,20 @@ class Store:
 
     def active_tasks(self) -> Iterator[TaskRecord]:
         return (t for t in self.tasks.values() if t.view.active)
+
+
+def renews(task: TaskView | None, old: LeaseView | None, new: LeaseView | None) -> bool:
+    """Whether a change of ``task``'s claim Lease from ``old`` to ``new`` is a renewal of a
+    healthy Running claim: its holder, token and report as they were, no grace period.
+    Such a change needs no decision (the claim's timer finds the new deadline)."""
+    return (
+        task is not None
+        and new is not None
+        and old is not None
+        and task.phase is TaskPhase.RUNNING
+        and task.status.grace_until is None
+        and (old.holder, old.token_text, old.report) == (new.holder, new.token_text, new.report)
+    )
 
 
 def task_lease_key(task: TaskView) -> Key:

@@ -71,3 +71,31 @@ def test_the_stall_watchdog_outlives_an_exception() -> None:
         assert blind.stats.stalls == 1 and blind.credits == 1
 
     asyncio.run(scenario())
+
+
+@run
+async def test_a_renewal_wakes_the_loop_only_when_it_may_need_a_decision() -> None:
+    """Watch callbacks only record; the loop is woken for a Lease change that may need a
+    decision (an Assigned claim's first renewal starts it), not for each renewal of a
+    healthy Running claim (hundreds a second in a large fleet)."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm").lease(30))
+    await h.settle()
+    assert h.phase("t") == "Assigned"
+    woken = h.controller._changed
+    woken.clear()
+    h.renew("t")
+    assert woken.is_set(), "the first renewal of an Assigned claim waits for no timer"
+    await h.settle()
+    assert h.phase("t") == "Running"
+    woken.clear()
+    h.renew("t")
+    h.renew_worker("w1")
+    assert not woken.is_set(), "a renewal of a healthy claim wakes nothing"
+    h.renew("t", progress="half way")
+    assert not woken.is_set()
+    await h.settle()
+    h.clock.advance(11)
+    await h.settle()
+    assert h.status("t").get("progress") == "half way", "noted, and copied when due"
