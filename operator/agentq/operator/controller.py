@@ -253,7 +253,7 @@ class Controller:
         self.store.reset_writes()
         for record in self.store.tasks.values():
             record.grace = None  # recovered from status.graceUntil when decided
-            record.retry_at = None
+            record.retry_at = record.redecide_at = record.lost_race_at = None
         for worker in self.store.workers.values():
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()

@@ -200,6 +200,8 @@ class Decider:
     def timer(self, record: TaskRecord, now: float) -> None:
         """A task timer fired: decide it if its claim's next deadline has come."""
         key = record.key
+        if record.redecide_at is not None and record.redecide_at <= now:
+            record.redecide_at = None  # the retry it asked for is this one
         if not record.view.active:
             # A retry after a write's unknown outcome (a requeue, an Unschedulable
             # condition, a Lease to delete): the task has no claim to time.
