@@ -158,10 +158,10 @@ class Controller:
         now = self.clock.monotonic()
         if self._rebuild:
             self._take_lead(now)
-        elif now - self._last_resync >= self.config.resync_interval:
-            self._resync(now)
         self.follower.apply()
         self.follower.fire_timers(now)
+        if now - self._last_resync >= self.config.resync_interval:
+            self._resync(now)  # compared once the changes are applied, then rebuilt
         if self.synced:
             self.decider.decide_dirty()
             self.dispatcher.dispatch()

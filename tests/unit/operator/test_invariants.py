@@ -146,3 +146,17 @@ async def test_a_sampled_check_counts_violations_without_stopping_the_loop() -> 
     await h.advance(c.config.invariant_interval + 1)
     assert c.stats.invariant_violations == 1
     assert h.phase("run") == "Running"
+
+
+@run
+async def test_a_resync_compares_after_the_changes_are_applied() -> None:
+    """The resync compared before the step applied the changes the watches had just
+    recorded, and reported them as differences (found by the chaos run)."""
+    h = await fleet()
+    c = h.controller
+    h.clock.advance(c.config.resync_interval + 1)
+    h.task(task("late").requires("llm"))  # recorded, not yet applied
+    h.renew("run")
+    c.step()
+    assert c.stats.invariant_violations == 0
+    assert c.stats.invariant_checks >= 1
