@@ -61,7 +61,13 @@ from agentq.models import (
     TaskPhase,
     WorkerPhase,
 )
-from agentq.protocol import MAX_PROGRESS_CHARS, ProtocolError, Report, bounded_text
+from agentq.protocol import (
+    MAX_PROGRESS_CHARS,
+    MAX_REASON_CHARS,
+    ProtocolError,
+    Report,
+    bounded_text,
+)
 from agentq.views import LeaseView, TaskView, WorkerView
 
 __all__ = [
@@ -215,6 +221,8 @@ def _judge_report(task: TaskView, lease: LeaseView, seen: Seen, policy: Policy) 
                 message=error.message or "the agent reported a retryable failure",
             )
         return Decision(transition=transition, lease=LeaseOp.DELETE, completion=report.outcome)
+    if _committed(status, lease, report):
+        return None  # the report of the attempt just committed, read again: acknowledged
     if seen.report_refused:
         return None
     return Decision(
@@ -227,6 +235,27 @@ def _judge_report(task: TaskView, lease: LeaseView, seen: Seen, policy: Policy) 
             ),
             stale=True,
         )
+    )
+
+
+def _committed(status: AgentTaskStatus, lease: LeaseView, report: Report) -> bool:
+    """The report is the one the operator committed for its attempt: it is on that
+    attempt's own Lease (not yet deleted), and the attempt's history entry (its token,
+    its worker) records the outcome it reports. A zombie's report is neither: it is on a
+    later attempt's Lease, or its outcome is not what was recorded (a reclaim)."""
+    if lease.token is None or lease.token != report.token:
+        return False
+    if report.outcome == "Succeeded":
+        outcome, reason = AttemptOutcome.SUCCEEDED, None
+    else:
+        outcome = AttemptOutcome.FAILED
+        reason = bounded_text(report.error.reason if report.error else "Failed", MAX_REASON_CHARS)
+    return any(
+        entry.token == report.token
+        and entry.worker == report.worker
+        and entry.outcome is outcome
+        and (reason is None or entry.reason == reason)
+        for entry in status.history or ()
     )
 
 

@@ -91,6 +91,11 @@ def check_outcome(fleet: Fleet) -> None:
     moved = [t for n, t in tasks.items() if n.startswith("late-") and t["status"]["reclaims"]]
     assert moved and all(t["status"]["history"][0]["worker"] == "large" for t in moved)
     assert all(t["status"]["worker"] != "large" for t in moved)
+    # A report committed and read again before its Lease was deleted is no zombie's: no
+    # StaleReportRefused for any normal success or retryable failure (the demo has no
+    # zombie: its killed agent reports nothing).
+    stale = [n for n in tasks if "StaleReportRefused" in fleet.reasons(n)]
+    assert not stale, stale
 
 
 def test_the_demo_runs_to_its_checks_and_leaves_nothing_behind(
