@@ -129,6 +129,15 @@ class TaskBuilder(_Builder):
             self._spec["gracePeriodSeconds"] = grace
         return self
 
+    def cancel(self, cancel: bool = True) -> Self:
+        return self.set("spec.cancel", cancel)
+
+    def deadline(self, seconds: int) -> Self:
+        return self.set("spec.activeDeadlineSeconds", seconds)
+
+    def ttl(self, seconds: int) -> Self:
+        return self.set("spec.ttlSecondsAfterFinished", seconds)
+
     def grace(self, seconds: int) -> Self:
         self._spec["gracePeriodSeconds"] = seconds
         return self

@@ -44,6 +44,7 @@ Pure: no I/O, no clock (times are given), no randomness (a draw is given).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import enum
 import math
@@ -94,6 +95,7 @@ class LeaseOp(enum.Enum):
     KEEP = "keep"
     WRITE_GRANT = "write-grant"  # create it, or raise an older one to the status' grant
     DELETE = "delete"  # after the transition commits, if there is one
+    REVOKE = "revoke"  # mark the claim revoked (Decision.revoke says why) after it commits
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,8 @@ class Decision:
     completion: str | None = None
     # When to look at the task again if nothing happens (monotonic).
     wake_at: float | None = None
+    # With LeaseOp.REVOKE: why (protocol.REVOKE_CANCELLED / REVOKE_DEADLINE).
+    revoke: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,10 @@ class Seen:
     grace_deadline: float | None = None
     progress_written_at: float | None = None
     report_refused: bool = False
+    # When activeDeadlineSeconds passes, on our clock (None: no deadline, or not started).
+    deadline_at: float | None = None
+    # When the claim's Lease was first seen revoked, on our clock.
+    revoked_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +282,20 @@ def _names_the_claim(text: str, token: int | None, worker: str | None) -> bool:
 
 
 def decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) -> Decision:
-    """The next step for ``task`` given its claim's Lease (the module docstring's rules)."""
+    """The next step for ``task`` given its claim's Lease (the module docstring's rules);
+    a task with an activeDeadlineSeconds still ahead is looked at again when it passes."""
+    decision = _decide(task, lease, seen, policy)
+    deadline = seen.deadline_at
+    if deadline is None or deadline <= seen.now or decision.transition is not None:
+        return decision
+    phase = task.status.phase
+    if phase is not None and phase.is_final:
+        return decision
+    wake = deadline if decision.wake_at is None else min(decision.wake_at, deadline)
+    return dataclasses.replace(decision, wake_at=wake)
+
+
+def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) -> Decision:
     status = task.status
     phase = status.phase
     # 1. unprocessable
@@ -312,14 +333,34 @@ def decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) 
                 lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
                 refusal=refusal,
             )
+        ended = _stop_unclaimed(task, seen)
+        if ended is not None:
+            return Decision(
+                transition=ended,
+                lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
+                refusal=refusal,
+            )
         keep = lease is None or phase is TaskPhase.HELD
-        return Decision(lease=LeaseOp.KEEP if keep else LeaseOp.DELETE, refusal=refusal)
+        wake = seen.deadline_at if phase in (None, TaskPhase.PENDING, TaskPhase.HELD) else None
+        return Decision(
+            lease=LeaseOp.KEEP if keep else LeaseOp.DELETE, refusal=refusal, wake_at=wake
+        )
     # 5. the Lease must be the grant
     token = status.fencing_token or 0
+    stop = _stop_reason(task, seen)
     if lease is None or (lease.token is not None and lease.token < token):
+        if stop is not None:
+            # Cancelled, or past its deadline, before its Lease was written: no agent has
+            # seen this attempt, nothing to revoke.
+            return Decision(transition=_stopped(task, stop, seen), refusal=refusal)
         # A grant whose Lease write did not happen (the operator died between its two
         # writes), or the previous attempt's Lease not yet deleted: write this grant's.
         return Decision(lease=LeaseOp.WRITE_GRANT, refusal=refusal)
+    if lease.revoked is not None and lease.token == token and lease.holder is None:
+        # The holder stopped, as its revoked claim asked: the task ends.
+        return Decision(
+            transition=_stopped(task, lease.revoked, seen), lease=LeaseOp.DELETE, refusal=refusal
+        )
     if lease.token is None or lease.token != token or lease.holder != status.worker:
         if lease.holder is None and lease.token == token:
             reason, message = "LeaseReleased", f"{status.worker} released its claim"
@@ -338,8 +379,95 @@ def decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy) 
             refusal=refusal,
             unprocessable=("Lease", reason) if reason == "LeaseTampered" else None,
         )
-    # 6. the current claim
+    # 6. the current claim: revoked (cancel, deadline), or running
+    if lease.revoked is not None or stop is not None:
+        return _revoked_claim(task, lease, stop, seen, refusal)
     return _current_claim(task, lease, seen, policy, refusal)
+
+
+def _stop_reason(task: TaskView, seen: Seen) -> str | None:
+    """Why the task must stop now: cancelled, or past its activeDeadlineSeconds."""
+    if task.spec.cancel:
+        return protocol.REVOKE_CANCELLED
+    if seen.deadline_at is not None and seen.now >= seen.deadline_at:
+        return protocol.REVOKE_DEADLINE
+    return None
+
+
+def _stopped(task: TaskView, reason: str, seen: Seen) -> Transition:
+    """The terminal transition of a task stopped for ``reason``."""
+    if reason == protocol.REVOKE_DEADLINE:
+        return lifecycle.deadline_exceeded(
+            task.status,
+            message=f"activeDeadlineSeconds ({task.spec.active_deadline_seconds}s) passed",
+            now=seen.wall,
+        )
+    return lifecycle.cancel(task.status, message="cancelled (spec.cancel)", now=seen.wall)
+
+
+def _stop_unclaimed(task: TaskView, seen: Seen) -> Transition | None:
+    """A task without a claim that must stop ends at once; a finished one ignores a cancel
+    (saying so once)."""
+    phase = task.status.phase
+    if phase is not None and phase.is_final:
+        if (
+            task.spec.cancel
+            and phase is not TaskPhase.CANCELLED
+            and lifecycle.condition(task.status, lifecycle.CANCELLED) is None
+        ):
+            return lifecycle.cancel_ignored(task.status, now=seen.wall)
+        return None
+    reason = _stop_reason(task, seen)
+    return None if reason is None else _stopped(task, reason, seen)
+
+
+def _revoked_claim(
+    task: TaskView, lease: LeaseView, stop: str | None, seen: Seen, refusal: Refusal | None
+) -> Decision:
+    """A claim that must stop: revoked (its sidecar tells the agent, then lets the Lease
+    go), then ended once its holder stopped renewing, or at the latest a lease duration
+    after the revocation was seen, whatever its holder does."""
+    status, duration = task.status, task.spec.lease_duration_seconds
+    if lease.revoked is None:
+        assert stop is not None
+        held = lifecycle.condition(status, lifecycle.REVOKED)
+        transition = None
+        if held is None or not held[0]:
+            transition = lifecycle.revoke(
+                status,
+                reason=stop,
+                message=(
+                    "the task was cancelled"
+                    if stop == protocol.REVOKE_CANCELLED
+                    else f"activeDeadlineSeconds ({task.spec.active_deadline_seconds}s) passed"
+                ),
+                now=seen.wall,
+            )
+        return Decision(transition=transition, lease=LeaseOp.REVOKE, revoke=stop, refusal=refusal)
+    ended = Decision(
+        transition=_stopped(task, lease.revoked, seen), lease=LeaseOp.DELETE, refusal=refusal
+    )
+    dues: list[float] = []
+    if seen.revoked_at is not None:
+        # At the latest a lease duration after the revocation, renewed or not.
+        bound = seen.revoked_at + duration
+        if seen.now >= bound:
+            return ended
+        dues.append(bound)
+    if seen.changed_at is not None:
+        # The holder stopped renewing (judged as any expiry: on current watches, and
+        # confirmed by reading the Lease again).
+        expires = seen.changed_at + duration
+        if seen.now >= expires and seen.judgeable:
+            return Decision(
+                transition=ended.transition,
+                lease=LeaseOp.DELETE,
+                confirm_expiry=True,
+                refusal=refusal,
+            )
+        if seen.now < expires:
+            dues.append(expires)
+    return Decision(refusal=refusal, wake_at=min(dues) if dues else None)
 
 
 def _current_claim(

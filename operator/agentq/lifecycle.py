@@ -24,6 +24,7 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentq import protocol
 from agentq.clock import rfc3339
 from agentq.models import (
     MAX_HISTORY,
@@ -54,6 +55,8 @@ DEAD_LETTERED = "DeadLettered"
 HELD = "Held"
 UNSCHEDULABLE = "Unschedulable"
 UNPROCESSABLE = "Unprocessable"
+CANCELLED = "Cancelled"
+REVOKED = "Revoked"
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,7 @@ def grant(
             "fencingToken": token,
             "leaseName": lease_name,
             "assignedAt": stamp,
+            "startTime": rfc3339(status.start_time) if status.start_time else stamp,
             "startedAt": None,
             "notBefore": None,
             "graceUntil": None,
@@ -406,13 +410,15 @@ def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) ->
             "notBefore": None,
             "graceUntil": None,
             "finishedAt": None,
+            "startTime": None,  # a redrive's deadline counts afresh
+            "error": None,
             "lastTransitionTime": stamp,
             "requeueHandled": requeue_id(request),
             "history": _history(
                 status,
                 _entry(status, outcome=AttemptOutcome.REQUEUED, reason="Requeued", now=stamp),
             ),
-            "conditions": _conditions(status, drop=(DEAD_LETTERED, HELD)),
+            "conditions": _conditions(status, drop=(DEAD_LETTERED, HELD, CANCELLED, REVOKED)),
         },
         reason="Requeued",
         message=f"requeued from {status.phase} (request {requeue_id(request)})",
@@ -473,4 +479,84 @@ def refused(status: AgentTaskStatus) -> Transition:
     """Count one more refused report in ``status.refusedReports`` (the event is separate)."""
     return Transition(
         patch={"refusedReports": (status.refused_reports or 0) + 1}, reason="", message=""
+    )
+
+
+def revoke(
+    status: AgentTaskStatus, *, reason: str, message: str, now: datetime.datetime
+) -> Transition:
+    """The running attempt's claim is revoked (``reason``: Cancelled or DeadlineExceeded):
+    its sidecar tells the agent; the task ends once the holder stops or its lease runs out
+    (``end_revoked``)."""
+    stamp = rfc3339(now)
+    said = f"the claim of {status.worker} (token {status.fencing_token}) is revoked: {message}"
+    return Transition(
+        patch={
+            "conditions": _conditions(status, _condition(REVOKED, True, reason, said, stamp)),
+        },
+        reason="Revoked",
+        message=said,
+        warning=reason != protocol.REVOKE_CANCELLED,
+    )
+
+
+def cancel(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """The task ends Cancelled (a running attempt's, once its holder stopped)."""
+    stamp = rfc3339(now)
+    patch: dict[str, Any] = {
+        "phase": TaskPhase.CANCELLED.value,
+        "worker": None,
+        "error": _error(protocol.REVOKE_CANCELLED, message, False),
+        "finishedAt": stamp,
+        "notBefore": None,
+        "graceUntil": None,
+        "lastTransitionTime": stamp,
+        "conditions": _conditions(
+            status, _condition(CANCELLED, True, "Cancelled", message, stamp), drop=(REVOKED,)
+        ),
+    }
+    if status.phase is not None and status.phase.is_active:
+        patch["history"] = _history(
+            status, _entry(status, outcome=AttemptOutcome.CANCELLED, reason="Cancelled", now=stamp)
+        )
+    return Transition(patch=patch, reason="Cancelled", message=message)
+
+
+def deadline_exceeded(
+    status: AgentTaskStatus, *, message: str, now: datetime.datetime
+) -> Transition:
+    """activeDeadlineSeconds passed: Failed, reason DeadlineExceeded, never retried."""
+    stamp = rfc3339(now)
+    patch: dict[str, Any] = {
+        "phase": TaskPhase.FAILED.value,
+        "worker": None,
+        "error": _error(protocol.REVOKE_DEADLINE, message, False),
+        "finishedAt": stamp,
+        "notBefore": None,
+        "graceUntil": None,
+        "lastTransitionTime": stamp,
+        "conditions": _conditions(status, drop=(REVOKED,)),
+    }
+    if status.phase is not None and status.phase.is_active:
+        patch["history"] = _history(
+            status,
+            _entry(
+                status, outcome=AttemptOutcome.FAILED, reason=protocol.REVOKE_DEADLINE, now=stamp
+            ),
+        )
+    return Transition(patch=patch, reason=protocol.REVOKE_DEADLINE, message=message, warning=True)
+
+
+def cancel_ignored(status: AgentTaskStatus, *, now: datetime.datetime) -> Transition:
+    """spec.cancel set on a task that had already finished: said once, changes nothing."""
+    stamp = rfc3339(now)
+    message = f"cancel ignored: the task had already finished ({status.phase})"
+    return Transition(
+        patch={
+            "conditions": _conditions(
+                status, _condition(CANCELLED, False, "AlreadyFinished", message, stamp)
+            )
+        },
+        reason="CancelIgnored",
+        message=message,
     )

@@ -61,6 +61,7 @@ __all__ = [
     "MAX_HISTORY",
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_KEYS",
+    "MAX_SPAN_SECONDS",
     "MIN_WEIGHT",
     "REQUEUABLE_PHASES",
     "TASK_PLURAL",
@@ -109,6 +110,8 @@ MIN_WEIGHT = 0.001
 # Top-level keys of a task's payload (the CRD's maxProperties; deeper limits cannot
 # be expressed in a CRD schema and are the operator's, see agentq.protocol).
 MAX_PAYLOAD_KEYS = 128
+# activeDeadlineSeconds and ttlSecondsAfterFinished: at most a year.
+MAX_SPAN_SECONDS = 31_536_000
 
 # metav1.Condition's own validation, as in every generated CRD.
 _CONDITION_TYPE_PATTERN = (
@@ -135,10 +138,12 @@ class TaskPhase(StrEnum):
     FAILED = "Failed"
     DEAD_LETTERED = "DeadLettered"
     HELD = "Held"
+    CANCELLED = "Cancelled"
 
     @property
     def is_final(self) -> bool:
-        """Succeeded, Failed and DeadLettered never change again (short of a requeue)."""
+        """Succeeded, Failed, DeadLettered and Cancelled never change again (short of a
+        requeue)."""
         return self in FINAL_PHASES
 
     @property
@@ -152,11 +157,11 @@ class TaskPhase(StrEnum):
 ACTIVE_PHASES: frozenset[TaskPhase] = frozenset({TaskPhase.ASSIGNED, TaskPhase.RUNNING})
 #: Never change again short of `agentq requeue`.
 FINAL_PHASES: frozenset[TaskPhase] = frozenset(
-    {TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.DEAD_LETTERED}
+    {TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.DEAD_LETTERED, TaskPhase.CANCELLED}
 )
 #: What `agentq requeue` may redrive.
 REQUEUABLE_PHASES: frozenset[TaskPhase] = frozenset(
-    {TaskPhase.HELD, TaskPhase.DEAD_LETTERED, TaskPhase.FAILED}
+    {TaskPhase.HELD, TaskPhase.DEAD_LETTERED, TaskPhase.FAILED, TaskPhase.CANCELLED}
 )
 
 
@@ -187,6 +192,7 @@ class AttemptOutcome(StrEnum):
     FAILED = "Failed"
     HELD = "Held"
     REQUEUED = "Requeued"
+    CANCELLED = "Cancelled"
 
 
 class ConditionStatus(StrEnum):
@@ -394,6 +400,13 @@ class AgentTaskSpec(_Model):
     on_lease_expiry: LeaseExpiryPolicy = LeaseExpiryPolicy.REDISPATCH
     grace_period_seconds: JsonInt | None = Field(default=None, ge=1, le=86400)
     retry_backoff: RetryBackoff = RetryBackoff()
+    # Ends the task Cancelled; a running attempt's claim is revoked first (its agent told).
+    cancel: bool = False
+    # Wall time from the first grant, across every attempt; then Failed, DeadlineExceeded.
+    active_deadline_seconds: JsonInt | None = Field(default=None, ge=1, le=MAX_SPAN_SECONDS)
+    # A finished task (and its Leases) is deleted this long after it finished (0: at once);
+    # unset: the operator's TTL_AFTER_FINISHED.
+    ttl_seconds_after_finished: JsonInt | None = Field(default=None, ge=0, le=MAX_SPAN_SECONDS)
 
     @model_validator(mode="before")
     @classmethod
@@ -466,6 +479,7 @@ class AgentTaskStatus(_StatusModel):
     fencing_token: int | None = Field(default=None, ge=0)
     lease_name: Annotated[str, StringConstraints(max_length=253)] | None = None
     assigned_at: AwareDatetime | None = None
+    start_time: AwareDatetime | None = None  # the first grant: activeDeadlineSeconds counts
     started_at: AwareDatetime | None = None
     finished_at: AwareDatetime | None = None
     last_transition_time: AwareDatetime | None = None

@@ -26,6 +26,12 @@ ANNOTATION_PROGRESS = f"{GROUP}/progress"
 ANNOTATION_REPORT = f"{GROUP}/report"
 ANNOTATION_REQUEUE = f"{GROUP}/requeue"  # set on an AgentTask by `agentq requeue`
 ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # the UID of the AgentTask a task Lease belongs to
+# Set by the operator on a task Lease whose claim it revokes: why (REVOKE_REASONS). The
+# sidecar stops renewing it and answers its agent 409 with that reason as the error.
+ANNOTATION_REVOKED = f"{GROUP}/revoked"
+REVOKE_CANCELLED = "Cancelled"  # spec.cancel
+REVOKE_DEADLINE = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
+REVOKE_REASONS = (REVOKE_CANCELLED, REVOKE_DEADLINE)
 LEASE_KIND_TASK = "task"
 LEASE_KIND_WORKER = "worker"
 

@@ -388,6 +388,9 @@ class LeaseView:
     # Its agentq.dev/worker label (task Leases): the expiries of one worker's claims are
     # confirmed with one LIST by this label.
     worker_label: str | None = None
+    # Why the operator revoked this claim (agentq.dev/revoked): Cancelled or
+    # DeadlineExceeded; any other text is taken as Cancelled. None: not revoked.
+    revoked: str | None = None
 
     @property
     def key(self) -> Key:
@@ -437,7 +440,14 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         progress=annotations.get(protocol.ANNOTATION_PROGRESS),
         report=annotations.get(protocol.ANNOTATION_REPORT),
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
+        revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
     )
+
+
+def _revoked(text: object) -> str | None:
+    if text is None:
+        return None
+    return text if text in protocol.REVOKE_REASONS else protocol.REVOKE_CANCELLED
 
 
 def _label(value: Any) -> str | None:

@@ -158,6 +158,10 @@ class Committer:
         if decision.lease is LeaseOp.DELETE and lease is not None:
             # Tidying up: the decision is committed; its task is not held up by this.
             self.gate.spawn(self.leases.delete(key, lease))
+        elif decision.lease is LeaseOp.REVOKE and lease is not None and decision.revoke:
+            claimed = self.store.task(key)
+            if claimed is not None and claimed.active:
+                await self.leases.revoke(claimed, lease, decision.revoke)
         elif decision.lease is LeaseOp.WRITE_GRANT:
             granted = self.store.task(key)
             if granted is not None and granted.active:

@@ -21,7 +21,7 @@ from agentq.models import TaskPhase
 from agentq.operator.commit import Committer
 from agentq.operator.gate import RequestGate
 from agentq.operator.health import WatchHealth
-from agentq.operator.indexes import Indexes
+from agentq.operator.indexes import Indexes, deadline_end
 from agentq.operator.store import Grace, LeaseRecord, Store, TaskRecord, renews
 from agentq.operator.work import TIMER_TASK, Agenda, Stats
 from agentq.views import LeaseView, TaskView
@@ -139,9 +139,10 @@ class Decider:
             and lease.view.report is not None
             and lease.refused_report == lease.view.report
         )
+        wall = self.clock.now()
         return claims.Seen(
             now=now,
-            wall=self.clock.now(),
+            wall=wall,
             rand=self.rng.random(),
             changed_at=changed,
             progress_changed_at=progress,
@@ -149,6 +150,8 @@ class Decider:
             grace_deadline=grace.deadline if grace is not None else None,
             progress_written_at=record.progress_written,
             report_refused=refused,
+            deadline_at=deadline_end(record, now=now, wall=wall),
+            revoked_at=lease.revoked_at if lease is not None else None,
         )
 
     # -- deadlines ----------------------------------------------------------------------
@@ -179,8 +182,13 @@ class Decider:
             if marker != task.status.progress:
                 dues.append(self.progress_due(record, now))
         deadline = task.spec.progress_deadline_seconds
-        if deadline is not None and task.phase is TaskPhase.RUNNING:
+        if deadline is not None and task.phase is TaskPhase.RUNNING and lease.view.revoked is None:
             dues.append(lease.seen.progress_changed_at + deadline)
+        if lease.revoked_at is not None:
+            dues.append(lease.revoked_at + task.spec.lease_duration_seconds)
+        active = deadline_end(record, now=now, wall=self.clock.now())
+        if active is not None and (active > now or lease.view.revoked is None):
+            dues.append(active)  # (once revoked for it, the revocation's own deadlines)
         return min(dues) if dues else None
 
     def renewal_only(self, task: TaskView, old: LeaseView | None, new: LeaseView | None) -> bool:

@@ -256,6 +256,22 @@ class FakeKube:
 
         return await self._run("replace_lease", (namespace, name, body), do)
 
+    async def patch_lease(
+        self, namespace: str, name: str, resource_version: str, patch: Body
+    ) -> Reply:
+        def do() -> Reply:
+            key = ("leases", namespace, name)
+            old = self.objects.get(key)
+            if old is None:
+                return Reply(Status.GONE, None, "not found")
+            if old["metadata"]["resourceVersion"] != resource_version:
+                return Reply(Status.CONFLICT, None, "the object has been modified")
+            self.writes["leases PATCH"] += 1
+            self.objects[key] = merge_patch(old, patch)
+            return Reply(Status.OK, self._stamp("leases", self.objects[key], "MODIFIED"))
+
+        return await self._run("patch_lease", (namespace, name, resource_version, patch), do)
+
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         def do() -> Reply:
             key = ("leases", namespace, name)

@@ -32,7 +32,14 @@ from agentq.operator.store import Store, TaskRecord, WorkerRecord
 from agentq.operator.work import TIMER_BACKOFF, Timers
 from agentq.views import Key, TaskView
 
-__all__ = ["Indexes", "backoff_end", "claim_worker", "grantable_from", "phase_name"]
+__all__ = [
+    "Indexes",
+    "backoff_end",
+    "claim_worker",
+    "deadline_end",
+    "grantable_from",
+    "phase_name",
+]
 
 
 def phase_name(view: TaskView) -> str:
@@ -66,6 +73,22 @@ def backoff_of(record: TaskRecord, *, now: float, wall: datetime) -> tuple[str, 
     wait = (not_before - wall).total_seconds()
     wait = max(0.0, min(wait, record.view.spec.retry_backoff.max_seconds))
     return stamp, now + wait
+
+
+def deadline_end(record: TaskRecord, *, now: float, wall: datetime) -> float | None:
+    """When (monotonic) the task's activeDeadlineSeconds passes (None: none, or not
+    started). ``status.startTime`` is wall-clock time; it is converted once, at most the
+    deadline ahead, as ``backoff_end`` does."""
+    view = record.view
+    seconds, start = view.spec.active_deadline_seconds, view.status.start_time
+    if seconds is None or start is None:
+        record.deadline = None
+        return None
+    stamp = f"{start.isoformat()}+{seconds}"
+    if record.deadline is None or record.deadline[0] != stamp:
+        left = (start - wall).total_seconds() + seconds
+        record.deadline = (stamp, now + max(0.0, min(left, float(seconds))))
+    return record.deadline[1]
 
 
 def grantable_from(

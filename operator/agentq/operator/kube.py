@@ -82,6 +82,17 @@ class ThreadedKube:
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Reply:
         return await self._call(self.leases.replace_namespaced_lease, name, namespace, body)
 
+    async def patch_lease(
+        self, namespace: str, name: str, resource_version: str, patch: Body
+    ) -> Reply:
+        body = {
+            **patch,
+            "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version},
+        }
+        return await self._call(
+            self.leases.patch_namespaced_lease, name, namespace, body, _content_type=MERGE
+        )
+
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         preconditions = (
             client.V1Preconditions(resource_version=resource_version) if resource_version else None

@@ -6,7 +6,9 @@
   tries again; a Lease the API server refuses for good leaves the task alone
   for a while (``UNWRITABLE_SECONDS``) instead of a retry every pass.
 - ``delete``: the Lease of an attempt that ended, with a precondition on the
-  version the decision saw, off the decision path (a low-priority slot).
+  version the decision saw, off the decision path (a low-priority slot);
+- ``revoke``: the claim marked revoked (cancel, deadline) on its Lease, which its
+  holder's sidecar watches.
 
 Every reply is recorded in the store like a watch event.
 """
@@ -79,6 +81,25 @@ class ClaimLeases:
             self.stats.refused += 1
             log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
             self.retries.later(key, REFUSED_SECONDS)
+
+    async def revoke(self, task: TaskView, lease: LeaseView, reason: str) -> None:
+        """Mark the claim revoked on its Lease (a CAS on the version the decision saw): the
+        holder's sidecar stops renewing it and tells its agent ``reason``. A Lease that
+        changed meanwhile (a report came) is decided again from its new version."""
+        patch = {"metadata": {"annotations": {protocol.ANNOTATION_REVOKED: reason}}}
+        reply = await self.gate.call(
+            self.kube.patch_lease, lease.namespace, lease.name, lease.resource_version, patch
+        )
+        if reply.ok and reply.body is not None:
+            self.observe(reply.body)
+        elif reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+            log.error("revoking Lease %s/%s forbidden: %s", *lease.key, reply.message)
+            self.retries.later(task.key, REFUSED_SECONDS)
+        elif reply.status is Status.INVALID:
+            log.error("revoking Lease %s/%s refused: %s", *lease.key, reply.message)
+            self.retries.left_alone(task.key)
+        # CONFLICT / GONE: the Lease changed or went; its event decides again.
 
     def grant_lease_body(self, task: TaskView) -> Body:
         status = task.status

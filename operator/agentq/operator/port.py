@@ -1,4 +1,4 @@
-"""The operator's narrow port to the API server: the seven calls it makes, as a Protocol.
+"""The operator's narrow port to the API server: the eight calls it makes, as a Protocol.
 
 Like client-go's ``resourcelock.Interface`` and httpx's transport, this is the
 single seam between the controller's logic and the network: the production
@@ -79,6 +79,12 @@ class Kube(Protocol):
 
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Reply:
         """A CAS on ``body.metadata.resourceVersion``."""
+        ...
+
+    async def patch_lease(
+        self, namespace: str, name: str, resource_version: str, patch: Body
+    ) -> Reply:
+        """JSON-merge ``patch`` into the Lease, a CAS on ``resource_version``."""
         ...
 
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:

@@ -88,6 +88,17 @@ class RestKube:
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Reply:
         return await self._call("PUT", lease_path(namespace, name), body)
 
+    async def patch_lease(
+        self, namespace: str, name: str, resource_version: str, patch: Body
+    ) -> Reply:
+        body = {
+            **patch,
+            "metadata": {**patch.get("metadata", {}), "resourceVersion": resource_version},
+        }
+        return await self._call(
+            "PATCH", lease_path(namespace, name), body, content_type=MERGE_PATCH
+        )
+
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         options: Body = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if resource_version is not None:

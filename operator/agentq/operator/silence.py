@@ -115,6 +115,11 @@ class HeardKube:
     async def replace_lease(self, namespace: str, name: str, body: Body) -> Reply:
         return await self._timed(self.inner.replace_lease(namespace, name, body))
 
+    async def patch_lease(
+        self, namespace: str, name: str, resource_version: str, patch: Body
+    ) -> Reply:
+        return await self._timed(self.inner.patch_lease(namespace, name, resource_version, patch))
+
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         return await self._timed(self.inner.delete_lease(namespace, name, resource_version))
 

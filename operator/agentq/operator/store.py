@@ -75,6 +75,7 @@ class TaskRecord:
     progress_written: float | None = None  # when status.progress was last written
     pending_since: float | None = None  # when it last became pending (latency metric)
     backoff: tuple[str, float] | None = None  # (status.notBefore, its end on our clock)
+    deadline: tuple[str, float] | None = None  # (status.startTime, activeDeadline on our clock)
     retry_at: float | None = None  # pending: not granted before (a grant's unknown outcome)
     redecide_at: float | None = None  # decided again then (a write's unknown outcome, ...)
     lost_race_at: str | None = None  # a grant on this resourceVersion lost its CAS: wait
@@ -119,6 +120,7 @@ class LeaseRecord:
     seen: Observation  # when its holder was last seen to renew it (our clock)
     refused_report: str | None = None  # the report on it that was refused already
     deleting: bool = False  # our delete of it is on its way
+    revoked_at: float | None = None  # when it was first seen revoked (our clock)
 
     @property
     def key(self) -> Key:
@@ -306,12 +308,20 @@ class Store:
                 # A worker Lease seen for the first time proves readiness only if its holder
                 # renewed it recently by our wall clock; else it is stale until it changes.
                 age = renewal.duration
-            self.leases[key] = LeaseRecord(view, Observation.first(renewal, now, age=age))
+            self.leases[key] = LeaseRecord(
+                view,
+                Observation.first(renewal, now, age=age),
+                revoked_at=now if view.revoked is not None else None,
+            )
             self.changed.lease(key, None, view)
             return True
         old = record.view
         record.view = view
         record.seen.observe(renewal, now)
+        if view.revoked is None:
+            record.revoked_at = None
+        elif record.revoked_at is None:
+            record.revoked_at = now
         self.changed.lease(key, old, view)
         if view.kind == protocol.LEASE_KIND_WORKER:
             worker = self.workers.get((view.namespace, view.subject))
@@ -373,7 +383,8 @@ def renews(task: TaskView | None, old: LeaseView | None, new: LeaseView | None) 
         and old is not None
         and task.phase is TaskPhase.RUNNING
         and task.status.grace_until is None
-        and (old.holder, old.token_text, old.report) == (new.holder, new.token_text, new.report)
+        and (old.holder, old.token_text, old.report, old.revoked)
+        == (new.holder, new.token_text, new.report, new.revoked)
     )
 
 
