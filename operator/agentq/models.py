@@ -401,7 +401,7 @@ class AgentTaskSpec(_Model):
     grace_period_seconds: JsonInt | None = Field(default=None, ge=1, le=86400)
     retry_backoff: RetryBackoff = RetryBackoff()
     # Ends the task Cancelled; a running attempt's claim is revoked first (its agent told).
-    cancel: bool = False
+    cancel: JsonBool = False
     # Wall time from the first grant, across every attempt; then Failed, DeadlineExceeded.
     active_deadline_seconds: JsonInt | None = Field(default=None, ge=1, le=MAX_SPAN_SECONDS)
     # A finished task (and its Leases) is deleted this long after it finished (0: at once);

@@ -26,7 +26,7 @@ def test_select_takes_the_requeuable_phases_oldest_first() -> None:
     assert [t["metadata"]["name"] for t in dead.chosen] == ["early", "late"]
 
 
-@pytest.mark.parametrize("phase", ["Held", "DeadLettered", "Failed"])
+@pytest.mark.parametrize("phase", ["Held", "DeadLettered", "Failed", "Cancelled"])
 def test_requeuable_phases(phase: str) -> None:
     assert refusal(task(status={"phase": phase})) is None
 
@@ -34,7 +34,7 @@ def test_requeuable_phases(phase: str) -> None:
 @pytest.mark.parametrize("phase", ["Pending", "Assigned", "Running", "Succeeded"])
 def test_other_phases_are_refused_with_the_reason(phase: str) -> None:
     assert refusal(task(status={"phase": phase})) == (
-        f"it is {phase}; only Held, DeadLettered, Failed tasks can be requeued"
+        f"it is {phase}; only Cancelled, Held, DeadLettered, Failed tasks can be requeued"
     )
 
 
