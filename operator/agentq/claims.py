@@ -385,6 +385,21 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     return _current_claim(task, lease, seen, policy, refusal)
 
 
+def settled(task: TaskView) -> bool:
+    """A finished task that needs no decision: no requeue to handle, no cancel to answer.
+    The operator keeps no record of it (only when to delete it: ``ttlSecondsAfterFinished``)."""
+    phase = task.status.phase
+    if phase is None or not phase.is_final:
+        return False
+    if task.requeue and protocol.requeue_id(task.requeue) != task.status.requeue_handled:
+        return False
+    return not (
+        task.spec.cancel
+        and phase is not TaskPhase.CANCELLED
+        and lifecycle.condition(task.status, lifecycle.CANCELLED) is None
+    )
+
+
 def _stop_reason(task: TaskView, seen: Seen) -> str | None:
     """Why the task must stop now: cancelled, or past its activeDeadlineSeconds."""
     if task.spec.cancel:

@@ -108,12 +108,10 @@ class Controller:
         self.cores, self.gate, self.blind = parts.cores, parts.gate, parts.blind
         self.events, self.tokens, self.slots = parts.events, parts.tokens, parts.slots
         self.publisher, self.readiness = parts.publisher, parts.readiness
-        self.confirmer, self.leases, self.committer = parts.confirmer, parts.leases, parts.committer
-        self.decider, self.dispatcher, self.follower = (
-            parts.decider,
-            parts.dispatcher,
-            parts.follower,
-        )
+        self.confirmer, self.leases = parts.confirmer, parts.leases
+        self.committer, self.decider = parts.committer, parts.decider
+        self.dispatcher, self.follower = parts.dispatcher, parts.follower
+        self.cleanup = parts.cleanup
 
     # == recording (watch callbacks: synchronous, never block, never decide) ============
 
@@ -166,6 +164,7 @@ class Controller:
             self.decider.decide_dirty()
             self.dispatcher.dispatch()
             self.publisher.publish()
+            self.cleanup.run()
         self.publisher.gauges()
         if self.strict:
             violations = self.check_invariants(now)
@@ -257,6 +256,7 @@ class Controller:
         for worker in self.store.workers.values():
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()
+        self.cleanup.reset()
         self.cores.clear()
         self.follower.rebuild(urgent=True)
         self._last_resync = now
@@ -334,10 +334,10 @@ class Controller:
 
     def _next_wakeup(self) -> float:
         now = self.clock.monotonic()
-        due = self.agenda.timers.next_due()
         soonest = self.config.reconcile_interval
-        if due is not None:
-            soonest = min(soonest, due - now)
+        for due in (self.agenda.timers.next_due(), self.cleanup.next_due()):
+            if due is not None:
+                soonest = min(soonest, due - now)
         return max(0.0, soonest)
 
     def note_stall(self, seconds: float) -> None:

@@ -99,9 +99,12 @@ class Cores:
                     self.sync_load((key[0], name), task)
         return []
 
-    def sync_load(self, key: Key, record: TaskRecord | None) -> tuple[str | None, str | None]:
+    def sync_load(
+        self, key: Key, record: TaskRecord | None, *, succeeded: bool = False
+    ) -> tuple[str | None, str | None]:
         """Make the core's hold of ``key`` what its record says; returns (the worker it
-        left, the worker it joined) when it moved."""
+        left, the worker it joined) when it moved. ``succeeded``: the task left the store
+        because it succeeded (its cost counts as served)."""
         core = self.of(key[0])
         holder = core.holder(key[1])
         wanted = wanted_holder(record) if record is not None else None
@@ -110,7 +113,7 @@ class Cores:
         if holder == wanted:
             return None, None
         if holder is not None:
-            done = record is not None and record.view.phase is TaskPhase.SUCCEEDED
+            done = succeeded or (record is not None and record.view.phase is TaskPhase.SUCCEEDED)
             core.release(key[1], completed=done)
         if wanted is not None:
             assert record is not None

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq.operator.port import Body, KubeError, Reply, Status
+from agentq.protocol import task_lease_name
 
 Subscriber = Callable[[str, str, Body], None]  # (plural, event type, object)
 _PLURALS = ("agenttasks", "agentworkers", "leases", "events")
@@ -288,6 +289,27 @@ class FakeKube:
             return Reply(Status.OK, None)
 
         return await self._run("delete_lease", (namespace, name, resource_version), do)
+
+    async def delete_task(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> Reply:
+        def do() -> Reply:
+            key = ("agenttasks", namespace, name)
+            old = self.objects.get(key)
+            if old is None:
+                return Reply(Status.GONE, None, "not found")
+            meta = old["metadata"]
+            if meta.get("uid") != uid or meta["resourceVersion"] != resource_version:
+                return Reply(Status.CONFLICT, None, "precondition failed")
+            self.writes["agenttasks DELETE"] += 1
+            self.remove("agenttasks", namespace, name)
+            lease = self.objects.get(("leases", namespace, task_lease_name(name)))
+            owners = (lease or {}).get("metadata", {}).get("ownerReferences") or []
+            if any(owner.get("uid") == uid for owner in owners):
+                self.remove("leases", namespace, task_lease_name(name))  # the collector
+            return Reply(Status.OK, None)
+
+        return await self._run("delete_task", (namespace, name, uid, resource_version), do)
 
     async def get_lease(self, namespace: str, name: str) -> Reply:
         def do() -> Reply:

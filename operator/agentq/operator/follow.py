@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 from agentq import protocol
+from agentq.models import TaskPhase
+from agentq.operator.cleanup import Cleanup
 from agentq.operator.cores import Cores
 from agentq.operator.decide import Decider
 from agentq.operator.indexes import Indexes
@@ -20,7 +22,7 @@ from agentq.operator.readiness import WorkerReadiness
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
 from agentq.operator.work import TIMER_BACKOFF, TIMER_PUBLISH, TIMER_TASK, TIMER_WORKER, Agenda
-from agentq.views import Key, LeaseView
+from agentq.views import Key, LeaseView, TaskView
 
 __all__ = ["Follower"]
 
@@ -39,6 +41,7 @@ class Follower:
         publisher: Publisher,
         decider: Decider,
         tokens: TokenAllocator,
+        cleanup: Cleanup,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -48,28 +51,37 @@ class Follower:
         self.publisher = publisher
         self.decider = decider
         self.tokens = tokens
+        self.cleanup = cleanup
 
     def apply(self) -> None:
         """Make the indexes, cores and readiness agree with every record that changed."""
         changed = self.store.changed
         while changed:
-            workers, leases, tasks = (
+            workers, leases, tasks, finished = (
                 list(changed.workers),
                 list(changed.leases.items()),
                 list(changed.tasks.items()),
+                list(changed.finished.items()),
             )
             changed.clear()
+            for key, view in finished:
+                self.cleanup.saw(key, view)
+                if view is not None:
+                    self.tokens.observe(view.status.fencing_token)
             for key in workers:
                 self._apply_worker(key)
+            ended = dict(finished)
             for key, view_changed in tasks:
-                self._apply_task(key, view_changed)
+                self._apply_task(key, view_changed, ended.get(key))
             for _, (old, new) in leases:
                 self._apply_lease(old, new)
 
-    def _apply_task(self, key: Key, view_changed: bool) -> None:
+    def _apply_task(self, key: Key, view_changed: bool, finished: TaskView | None) -> None:
+        """``finished``: the task's last view if it finished and left the store."""
         record = self.store.tasks.get(key)
         self.indexes.sync_task(key, record)
-        for worker in self.cores.sync_load(key, record):
+        succeeded = finished is not None and finished.phase is TaskPhase.SUCCEEDED
+        for worker in self.cores.sync_load(key, record, succeeded=succeeded):
             if worker is not None:
                 self.publisher.mark((key[0], worker))
         if record is None:
@@ -115,7 +127,10 @@ class Follower:
 
     def rebuild(self, *, urgent: bool) -> None:
         """Every index and core from the records; every task decided and every worker
-        evaluated again (``urgent``: its status compared at once, a new leader's way)."""
+        evaluated again (``urgent``: its status compared at once, a new leader's way).
+        Finished tasks have no record: what was seen of them goes to the cleanup first."""
+        for key, view in self.store.changed.finished.items():
+            self.cleanup.saw(key, view)
         self.store.changed.clear()
         self.indexes.rebuild(self.store)
         for namespace in {key[0] for key in self.store.workers}:

@@ -104,6 +104,21 @@ class ThreadedKube:
             body=client.V1DeleteOptions(preconditions=preconditions),
         )
 
+    async def delete_task(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> Reply:
+        return await self._call(
+            self.custom.delete_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "agenttasks",
+            name,
+            body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=uid, resource_version=resource_version)
+            ),
+        )
+
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._call(self.leases.read_namespaced_lease, name, namespace)
 

@@ -83,6 +83,10 @@ UNPROCESSABLE = Counter(
     "Inputs refused as unprocessable (a task, a report, a Lease, a worker), by reason.",
     ["kind", "reason"],
 )
+TASKS_DELETED = Counter(
+    "agentq_tasks_deleted_total",
+    "Finished tasks deleted once their ttlSecondsAfterFinished (or TTL_AFTER_FINISHED) passed.",
+)
 INVARIANT_VIOLATIONS = Counter(
     "agentq_invariant_violations_total",
     "Differences found between an index and what the store's records say (each is a bug: "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from agentq import claims
 from agentq.clock import Clock
 from agentq.operator.blind import BlindTime
+from agentq.operator.cleanup import Cleanup
 from agentq.operator.commit import Committer
 from agentq.operator.config import OperatorConfig
 from agentq.operator.confirm import ExpiryConfirmer
@@ -52,6 +53,7 @@ class Parts:
     committer: Committer
     decider: Decider
     dispatcher: Dispatcher
+    cleanup: Cleanup
     follower: Follower
 
 
@@ -95,6 +97,14 @@ def wire(
         block=config.token_block,
     )
     # -- the parts
+    cleanup = Cleanup(
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        stats=stats,
+        default_ttl=float(config.ttl_after_finished),
+        limit=config.max_finished,
+    )
     publisher = Publisher(
         store=store,
         indexes=indexes,
@@ -105,6 +115,7 @@ def wire(
         clock=clock,
         config=config,
         stats=stats,
+        finished=cleanup.phases,
     )
     readiness = WorkerReadiness(
         store=store,
@@ -180,6 +191,7 @@ def wire(
         publisher=publisher,
         decider=decider,
         tokens=tokens,
+        cleanup=cleanup,
     )
     return Parts(
         store=store,
@@ -199,5 +211,6 @@ def wire(
         committer=committer,
         decider=decider,
         dispatcher=dispatcher,
+        cleanup=cleanup,
         follower=follower,
     )

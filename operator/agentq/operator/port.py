@@ -1,4 +1,4 @@
-"""The operator's narrow port to the API server: the eight calls it makes, as a Protocol.
+"""The operator's narrow port to the API server: the nine calls it makes, as a Protocol.
 
 Like client-go's ``resourcelock.Interface`` and httpx's transport, this is the
 single seam between the controller's logic and the network: the production
@@ -89,6 +89,12 @@ class Kube(Protocol):
 
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         """A CAS delete when ``resource_version`` is given."""
+        ...
+
+    async def delete_task(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> Reply:
+        """Delete an AgentTask: this object (``uid``), as it was (``resource_version``)."""
         ...
 
     async def get_lease(self, namespace: str, name: str) -> Reply:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from agentq import claims
@@ -61,6 +63,7 @@ class Publisher:
         clock: Clock,
         config: OperatorConfig,
         stats: Stats,
+        finished: Callable[[], Counter[str]] = Counter,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -71,6 +74,7 @@ class Publisher:
         self.clock = clock
         self.config = config
         self.stats = stats
+        self.finished = finished  # finished tasks by phase (they have no record)
         self.now: set[Key] = set()  # workers whose status is due this step
         self.moved: set[Key] = set()  # workers whose metrics are behind the core
         self.since = clock.monotonic()  # counts wait an interval from here
@@ -269,7 +273,7 @@ class Publisher:
             return
         self._last_gauges = now
         self._worker_metrics()
-        for phase, count in self.indexes.phases.items():
+        for phase, count in (self.indexes.phases + self.finished()).items():
             metrics.TASKS_BY_PHASE.labels(phase).set(count)
         metrics.PENDING.clear()
         metrics.UNSCHEDULABLE.clear()

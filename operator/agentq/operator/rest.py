@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from agentq import GROUP, VERSION, views
+from agentq.models import TASK_PLURAL
 from agentq.operator.connection import Connection
 from agentq.operator.port import Body, KubeError, Reply, lease_path, object_path, reply_for
 
@@ -104,6 +105,17 @@ class RestKube:
         if resource_version is not None:
             options["preconditions"] = {"resourceVersion": resource_version}
         return await self._call("DELETE", lease_path(namespace, name), options)
+
+    async def delete_task(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> Reply:
+        options: Body = {
+            "kind": "DeleteOptions",
+            "apiVersion": "v1",
+            "preconditions": {"uid": uid, "resourceVersion": resource_version},
+        }
+        path = object_path(GROUP, VERSION, namespace, TASK_PLURAL, name)
+        return await self._call("DELETE", path, options)
 
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._call("GET", lease_path(namespace, name))

@@ -123,6 +123,11 @@ class HeardKube:
     async def delete_lease(self, namespace: str, name: str, resource_version: str | None) -> Reply:
         return await self._timed(self.inner.delete_lease(namespace, name, resource_version))
 
+    async def delete_task(
+        self, namespace: str, name: str, uid: str, resource_version: str
+    ) -> Reply:
+        return await self._timed(self.inner.delete_task(namespace, name, uid, resource_version))
+
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._timed(self.inner.get_lease(namespace, name))
 

@@ -22,11 +22,11 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from agentq import protocol, views
+from agentq import claims, protocol, views
 from agentq.claims import Readiness
 from agentq.expiry import LeaseRecord as Renewal
 from agentq.expiry import Observation
-from agentq.models import TaskPhase
+from agentq.models import FINAL_PHASES, TaskPhase
 from agentq.operator.port import Body
 from agentq.views import Key, LeaseView, TaskView, WorkerView
 
@@ -161,6 +161,8 @@ class Changes:
         self.workers: dict[Key, None] = {}
         # Lease key -> (the view before the change, the record after; None: deleted).
         self.leases: dict[Key, tuple[LeaseView | None, LeaseView | None]] = {}
+        # Finished tasks seen (settled: no record kept), or gone (None): for the cleanup.
+        self.finished: dict[Key, TaskView | None] = {}
 
     def task(self, key: Key, *, view: bool = True) -> None:
         self.tasks[key] = self.tasks.get(key, False) or view
@@ -170,12 +172,13 @@ class Changes:
         self.leases[key] = (first[0] if first is not None else old, new)
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workers or self.leases)
+        return bool(self.tasks or self.workers or self.leases or self.finished)
 
     def clear(self) -> None:
         self.tasks.clear()
         self.workers.clear()
         self.leases.clear()
+        self.finished.clear()
 
 
 class Store:
@@ -227,6 +230,7 @@ class Store:
                 # leader's fresh LIST showed us the one re-created since): not this one.
                 return record.view
             self.task_tombstones.bury(key, rv)
+            self.changed.finished[key] = None
             if record is not None:
                 self.busy -= record.busy
                 del self.tasks[key]
@@ -235,9 +239,27 @@ class Store:
         if record is not None and not newer(rv, record.view.resource_version):
             return record.view  # our own write's reply told us this already (or more)
         if record is None and self.task_tombstones.buried(key, rv):
-            return None  # a late reply about a task deleted since
+            if _finished(body):
+                # Settled before and shown again (a relist): the cleanup may have let it go.
+                view = views.task_view(body, size=size)
+                if claims.settled(view):
+                    self.changed.finished[key] = view
+            return None  # a late reply about a task deleted since (or settled)
         self.task_tombstones.revive(key)
         view = views.task_view(body, size=size)
+        if claims.settled(view):
+            # Finished, nothing to decide: no record kept, whatever the number of finished
+            # tasks; the cleanup keeps when to delete it. A late reply older than this
+            # view is refused by the tombstone.
+            self.task_tombstones.bury(key, rv)
+            self.changed.finished[key] = view
+            if record is not None:
+                self.busy -= record.busy
+                del self.tasks[key]
+                self.changed.task(key)
+            return view
+        if record is None:
+            self.changed.finished[key] = None  # not finished (again): no deletion due
         if record is None or record.view.uid != view.uid:
             # New, or deleted and re-created while we were not watching: nothing carries
             # over but a write in flight (it ends as usual).
@@ -371,6 +393,14 @@ class Store:
 
     def active_tasks(self) -> Iterator[TaskRecord]:
         return (t for t in self.tasks.values() if t.view.active)
+
+
+def _finished(body: Body) -> bool:
+    status = body.get("status")
+    return isinstance(status, dict) and status.get("phase") in FINAL_PHASE_NAMES
+
+
+FINAL_PHASE_NAMES = frozenset(phase.value for phase in FINAL_PHASES)
 
 
 def renews(task: TaskView | None, old: LeaseView | None, new: LeaseView | None) -> bool:

@@ -1,0 +1,203 @@
+"""Finished tasks deleted ``ttlSecondsAfterFinished`` after they finished (as a Job's TTL).
+
+The store keeps no record of a settled finished task (``claims.settled``): only this
+part remembers it, as one small entry -- its uid, its resourceVersion, its phase and
+when it is due, on our monotonic clock -- so the operator's memory for finished tasks
+is a few hundred bytes each, and at most ``limit`` entries, whatever the TTL.
+
+- **When**: ``status.finishedAt`` + the task's ``ttlSecondsAfterFinished`` (else the
+  operator's ``TTL_AFTER_FINISHED``), converted once to our monotonic clock, at most
+  the TTL ahead: a wall clock stepped back holds no task for longer than its TTL.
+- **How**: a DELETE with preconditions on the uid and the resourceVersion it was seen
+  at -- a task re-created under the name, or changed since (a requeue), is not
+  deleted; its next event says what it is now. Its Leases go with it (owner
+  references: the garbage collector). Deletes take low-priority slots, at most
+  ``BATCH`` in flight: tidying up never holds up a decision.
+- **More than ``limit`` finished tasks**: the ones over it are not remembered; once
+  the remembered ones have gone (below nine tenths of the limit) the tasks are
+  listed again (``relist``, the watch's LIST), at most every ``RELIST_SECONDS``, and
+  the rest are remembered then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agentq.clock import Clock
+from agentq.operator import metrics
+from agentq.operator.gate import RequestGate
+from agentq.operator.port import Kube, KubeError, Status
+from agentq.operator.work import RETRY_SECONDS, Stats
+from agentq.views import Key, TaskView
+
+__all__ = ["BATCH", "RELIST_SECONDS", "Cleanup"]
+
+log = logging.getLogger("agentq.controller")
+
+BATCH = 16  # deletes in flight at once
+RELIST_SECONDS = 600.0  # least time between two relists after an overflow
+
+
+@dataclass(slots=True)
+class _Entry:
+    uid: str
+    resource_version: str
+    phase: str
+    due: float  # monotonic
+    deleting: bool = False
+
+
+class Cleanup:
+    """When each finished task is deleted, and the deletes (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        gate: RequestGate,
+        kube: Kube,
+        clock: Clock,
+        stats: Stats,
+        default_ttl: float,
+        limit: int,
+    ) -> None:
+        self.gate = gate
+        self.kube = kube
+        self.clock = clock
+        self.stats = stats
+        self.default_ttl = default_ttl
+        self.limit = limit
+        # The watch's LIST again (main sets it): finished tasks over the limit are seen
+        # again once there is room. None: nothing to list with (tests).
+        self.relist: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self.entries: dict[Key, _Entry] = {}
+        self._phases: Counter[str] = Counter()  # of the entries
+        self._heap: list[tuple[float, int, Key]] = []
+        self._seq = itertools.count()
+        self.overflowed = False
+        self._relisted = -RELIST_SECONDS
+        self._deletes: set[asyncio.Task[None]] = set()  # in flight
+
+    # -- what the store saw -------------------------------------------------------------
+
+    def saw(self, key: Key, view: TaskView | None) -> None:
+        """``view``: the task finished and settled (None: gone, or not finished)."""
+        if view is None:
+            self._forget(key)  # its heap entry is dropped when it comes up
+            return
+        spec_ttl = view.spec.ttl_seconds_after_finished
+        ttl = self.default_ttl if spec_ttl is None else float(spec_ttl)
+        now = self.clock.monotonic()
+        finished = view.status.finished_at
+        left = ttl
+        if finished is not None:
+            left = (finished - self.clock.now()).total_seconds() + ttl
+        due = now + max(0.0, min(left, ttl))
+        entry = self.entries.get(key)
+        phase = (view.phase.value if view.phase else "") or ""
+        if entry is not None and entry.uid == view.uid:
+            self._phases[entry.phase] -= 1
+            self._phases[phase] += 1
+            entry.resource_version, entry.phase = view.resource_version, phase
+            if entry.due <= due:
+                return  # already due no later (the first sight decides)
+            entry.due = due
+        else:
+            if entry is None and len(self.entries) >= self.limit:
+                self.overflowed = True  # remembered at a relist, once there is room
+                return
+            self._forget(key)
+            entry = self.entries[key] = _Entry(view.uid, view.resource_version, phase, due)
+            self._phases[phase] += 1
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+
+    def _forget(self, key: Key) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self._phases[entry.phase] -= 1
+
+    def reset(self) -> None:
+        """This replica starts leading: deletes cancelled with the last lead are due again."""
+        now = self.clock.monotonic()
+        for key, entry in self.entries.items():
+            if entry.deleting:
+                entry.deleting = False
+                entry.due = now
+                heapq.heappush(self._heap, (now, next(self._seq), key))
+
+    # -- in the step --------------------------------------------------------------------
+
+    @property
+    def deleting(self) -> int:
+        return len(self._deletes)
+
+    def next_due(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def run(self) -> None:
+        """Start the deletes that are due (at most BATCH in flight), and a relist after an
+        overflow once there is room."""
+        now = self.clock.monotonic()
+        heap = self._heap
+        while heap and heap[0][0] <= now and self.deleting < BATCH:
+            due, _, key = heapq.heappop(heap)
+            entry = self.entries.get(key)
+            if entry is None or entry.due != due or entry.deleting:
+                continue  # gone, or due at another time (a later heap entry)
+            entry.deleting = True
+            delete = self.gate.spawn(self._delete(key, entry))
+            self._deletes.add(delete)
+            delete.add_done_callback(self._deletes.discard)
+        if (
+            self.overflowed
+            and self.relist is not None
+            and len(self.entries) < self.limit * 0.9
+            and now - self._relisted >= RELIST_SECONDS
+        ):
+            self.overflowed = False
+            self._relisted = now
+            self.gate.spawn(self.relist())
+
+    async def _delete(self, key: Key, entry: _Entry) -> None:
+        namespace, name = key
+        try:
+            reply = await self.gate.call_low(
+                self.kube.delete_task, namespace, name, entry.uid, entry.resource_version
+            )
+        except KubeError as err:
+            log.info("deleting finished task %s/%s had an unknown outcome: %s", *key, err)
+            self._again(key, entry, RETRY_SECONDS)
+            return
+        finally:
+            entry.deleting = False
+        if reply.ok or reply.status in (Status.GONE, Status.CONFLICT):
+            # Deleted; or gone already; or changed since (its event says what it is now).
+            if reply.ok:
+                metrics.TASKS_DELETED.inc()
+            if self.entries.get(key) is entry:
+                self._forget(key)
+            return
+        log.error("deleting finished task %s/%s refused: %s", *key, reply.message)
+        if reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+        self._again(key, entry, 600.0)
+
+    def _again(self, key: Key, entry: _Entry, delay: float) -> None:
+        if self.entries.get(key) is entry:
+            entry.due = self.clock.monotonic() + delay
+            heapq.heappush(self._heap, (entry.due, next(self._seq), key))
+
+    # -- for the gauges -----------------------------------------------------------------
+
+    def phases(self) -> Counter[str]:
+        """Finished tasks remembered, by phase."""
+        return +self._phases
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,190 @@
+"""Finished tasks are deleted ttlSecondsAfterFinished after they finished, and the operator
+keeps no record of them meanwhile: one small entry each, at most MAX_FINISHED."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+from typing import Any
+
+from agentq import protocol
+from builders import task
+from harness import NS, Harness, run
+
+
+def finished(name: str, *, at: str = "2026-01-01T00:00:00Z", **spec: Any) -> dict[str, Any]:
+    body = task(name).requires("llm").obj()
+    body["metadata"]["namespace"] = NS
+    body["spec"].update(spec)
+    body["status"] = {"phase": "Succeeded", "finishedAt": at, "fencingToken": 1}
+    return body
+
+
+async def drain(h: Harness) -> None:
+    """Steps until every delete that is due is made (settle stops after 50 steps)."""
+    c = h.controller
+    for _ in range(5000):
+        c.step()
+        if c.writes:
+            await asyncio.gather(*list(c.writes), return_exceptions=True)
+            continue
+        due = c.cleanup.next_due()
+        if not c.cleanup.deleting and (due is None or due > h.clock.monotonic()):
+            await h.settle()
+            return
+    raise AssertionError("the cleanup did not drain")
+
+
+def tasks_left(h: Harness) -> int:
+    return sum(1 for (plural, *_) in h.kube.objects if plural == "agenttasks")
+
+
+@run
+async def test_a_finished_task_and_its_lease_go_after_its_ttl() -> None:
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.task(task("t").requires("llm").lease(30).ttl(60))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    h.report("t", outcome="Succeeded", result={"ok": True})
+    await h.settle()
+    assert h.phase("t") == "Succeeded"
+    assert (NS, "t") not in h.controller.store.tasks, "no record of a finished task"
+    await h.advance(59)
+    assert h.kube.get("agenttasks", NS, "t") is not None
+    await h.advance(2)
+    assert h.kube.get("agenttasks", NS, "t") is None
+    assert h.lease("t") is None
+    assert len(h.controller.cleanup) == 0
+
+
+@run
+async def test_the_operator_default_ttl_applies_and_zero_deletes_at_once() -> None:
+    h = Harness(ttl_after_finished=100)
+    now = h.clock.now().isoformat()
+    h.kube.put("agenttasks", finished("default", at=now))
+    h.kube.put("agenttasks", finished("zero", at=now, ttlSecondsAfterFinished=0))
+    await h.settle()
+    assert h.kube.get("agenttasks", NS, "zero") is None
+    await h.advance(99)
+    assert h.kube.get("agenttasks", NS, "default") is not None
+    await h.advance(2)
+    assert h.kube.get("agenttasks", NS, "default") is None
+
+
+@run
+async def test_a_task_finished_long_ago_is_deleted_at_once_and_a_clock_step_back_holds_none() -> (
+    None
+):
+    h = Harness(ttl_after_finished=100)
+    h.kube.put("agenttasks", finished("old", at="2020-01-01T00:00:00Z"))
+    h.clock.jump_wall(-10 * 365 * 86400)  # our wall clock stepped back ten years
+    h.kube.put("agenttasks", finished("new", at=h.clock.now().isoformat()))
+    h.clock.jump_wall(+10 * 365 * 86400)
+    await h.settle()
+    assert h.kube.get("agenttasks", NS, "old") is None
+    await h.advance(101)
+    assert h.kube.get("agenttasks", NS, "new") is None, "held no longer than its TTL"
+
+
+@run
+async def test_a_requeued_task_is_not_deleted_by_its_old_ttl() -> None:
+    h = Harness(ttl_after_finished=10)
+    h.worker("w1", "llm", lease_seconds=100_000)
+    body = finished("t", at=h.clock.now().isoformat())
+    body["status"]["phase"] = "Failed"
+    h.kube.put("agenttasks", body)
+    await h.settle()
+    assert len(h.controller.cleanup) == 1
+    h.kube.edit(
+        "agenttasks",
+        NS,
+        "t",
+        lambda b: (
+            b["metadata"]
+            .setdefault("annotations", {})
+            .__setitem__(protocol.ANNOTATION_REQUEUE, "again")
+        ),
+    )
+    await h.settle()
+    assert h.phase("t") == "Assigned"
+    await h.run_for(15)
+    assert h.kube.get("agenttasks", NS, "t") is not None
+    assert len(h.controller.cleanup) == 0
+
+
+@run
+async def test_a_finished_task_changed_since_it_was_seen_is_deleted_as_it_is_now() -> None:
+    h = Harness(ttl_after_finished=10)
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    h.kube.hold_events()  # the change is not seen before the delete goes out
+    h.kube.edit(
+        "agenttasks", NS, "t", lambda b: b["metadata"].setdefault("labels", {}).update(a="b")
+    )
+    await h.advance(11)
+    assert h.kube.get("agenttasks", NS, "t") is not None, "precondition: not what was seen"
+    h.kube.deliver()
+    await h.advance(1)
+    assert h.kube.get("agenttasks", NS, "t") is None
+
+
+@run
+async def test_more_finished_tasks_than_the_limit_are_all_deleted_in_turn() -> None:
+    h = Harness(ttl_after_finished=10, max_finished=100)
+    now = h.clock.now().isoformat()
+    for i in range(150):
+        h.kube.put("agenttasks", finished(f"t{i:03d}", at=now))
+    await h.settle()
+    cleanup = h.controller.cleanup
+    assert len(cleanup) == 100 and cleanup.overflowed
+
+    async def relist() -> None:  # the watch's LIST, as main wires it
+        for (plural, _, _), body in list(h.kube.objects.items()):
+            if plural == "agenttasks":
+                h.controller.observe("agenttasks", "MODIFIED", dict(body))
+
+    cleanup.relist = relist
+    h.clock.advance(11)
+    await drain(h)
+    h.clock.advance(601)  # the relist comes at most every RELIST_SECONDS
+    await drain(h)
+    h.clock.advance(11)
+    await drain(h)
+    assert tasks_left(h) == 0 and len(cleanup) == 0
+
+
+@run
+async def test_the_memory_of_ten_thousand_finished_tasks_is_small_and_given_back() -> None:
+    h = Harness(ttl_after_finished=60)
+    await h.settle()
+    now = h.clock.now().isoformat()
+    bodies = [finished(f"t{i:05d}", at=now) for i in range(10_000)]
+    for i, body in enumerate(bodies):
+        body["metadata"].update(uid=f"uid-{i}", resourceVersion=str(1000 + i))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for body in bodies:  # as the watch delivers them
+            h.controller.observe("agenttasks", "ADDED", body)
+        h.controller.step()
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(h.controller.store.tasks) == 0, "no record of a finished task"
+    assert len(h.controller.cleanup) == 10_000
+    # One cleanup entry and one tombstone (bounded: the newest 10,000 only) each.
+    assert held < 10_000 * 800, f"{held / 10_000:.0f} bytes per finished task"
+
+    for body in bodies:  # the API server holds them too, for the deletes to find
+        h.kube.objects[("agenttasks", NS, body["metadata"]["name"])] = body
+    h.clock.advance(61)
+    await drain(h)
+    assert tasks_left(h) == 0
+    c = h.controller
+    assert len(c.cleanup) == 0 and not c.cleanup._heap and len(c.store) == 0
+    assert len(c.store.task_tombstones) <= c.store.task_tombstones.limit
