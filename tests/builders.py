@@ -317,6 +317,17 @@ INVALID_TASKS: tuple[Invalid, ...] = (
         "spec.payload",
         "128",
     ),
+    Invalid("cancel-not-a-boolean", task("t").set("spec.cancel", "yes"), "spec.cancel", "boolean"),
+    Invalid("deadline-zero", task("t").deadline(0), "spec.activeDeadlineSeconds"),
+    Invalid("deadline-negative", task("t").deadline(-5), "spec.activeDeadlineSeconds"),
+    Invalid("deadline-huge", task("t").deadline(10**12), "spec.activeDeadlineSeconds"),
+    Invalid(
+        "deadline-not-an-integer",
+        task("t").set("spec.activeDeadlineSeconds", 1.5),
+        "spec.activeDeadlineSeconds",
+    ),
+    Invalid("ttl-negative", task("t").ttl(-1), "spec.ttlSecondsAfterFinished"),
+    Invalid("ttl-huge", task("t").ttl(10**12), "spec.ttlSecondsAfterFinished"),
     Invalid(
         "unknown-spec-field",
         task("t").set("spec.priority", 5),

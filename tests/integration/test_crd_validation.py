@@ -192,6 +192,7 @@ def test_a_minimal_task_gets_its_defaults(cluster: Cluster) -> None:
                 "multiplier": 2,
                 "jitter": 0.2,
             },
+            "cancel": False,
         }
         assert parse_task(read).spec.to_dict() == read["spec"]
 
@@ -215,6 +216,9 @@ def test_a_full_task_is_stored_as_the_model_reads_it(cluster: Cluster) -> None:
         .max_reclaims(3)
         .on_expiry("GracePeriod", grace=15)
         .backoff(initial=5, max=60, multiplier=3, jitter=0.5)
+        .cancel(False)
+        .deadline(3600)
+        .ttl(0)
         .obj()
     )
     cluster.apply(manifest)
@@ -233,6 +237,8 @@ def test_a_full_task_is_stored_as_the_model_reads_it(cluster: Cluster) -> None:
         task("edge-backoff").backoff(initial=0, max=0, multiplier=1, jitter=1),
         task("edge-backoff-int").backoff(initial=7, max=7),
         task("edge-hold").on_expiry("Hold").max_reclaims(0),
+        task("edge-spans").deadline(31_536_000).ttl(31_536_000),
+        task("edge-spans-min").deadline(1).ttl(0).cancel(),
         task("x" * 63),
     ],
     ids=lambda b: b.name[:20],
