@@ -143,8 +143,8 @@ class Informer:
         seen: set[tuple[str, str]] = set()
         version = ""
         async for listed in self._pages():
-            if listed is None:
-                seen = set()
+            if listed is None:  # the list starts over: so do its version and what it saw
+                seen, version = set(), ""
                 continue
             if not version:
                 version = str((listed.get("metadata") or {}).get("resourceVersion") or "")

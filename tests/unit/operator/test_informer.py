@@ -28,14 +28,17 @@ class Script:
     """Serves each LIST and each WATCH from a queue of canned answers."""
 
     def __init__(self) -> None:
-        self.lists: list[dict[str, Any]] = []
+        self.lists: list[dict[str, Any] | int] = []  # an int: that HTTP status
         self.watches: list[list[str] | int] = []
         self.requests: list[str] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(str(request.rel_url))
         if request.query.get("watch") != "1":
-            return web.json_response(self.lists.pop(0))
+            listed = self.lists.pop(0)
+            if isinstance(listed, int):
+                return web.json_response({"code": listed}, status=listed)
+            return web.json_response(listed)
         answer = self.watches.pop(0) if self.watches else []
         if isinstance(answer, int):
             return web.Response(status=answer)
@@ -107,3 +110,39 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
     assert len(synced) == 2 and health[-1] is True
     watches = [r for r in script.requests if "watch=1" in r]
     assert "resourceVersion=10" in watches[0] and "allowWatchBookmarks=true" in watches[0]
+
+
+@run
+async def test_a_list_restarted_after_a_410_on_its_continue_token_watches_from_the_new_list() -> (
+    None
+):
+    """The first page of a paginated LIST said version 10; its continue token then
+    expired (410) and the list started over, at version 30. The watch must resume from
+    30: from 10 it would replay (or, compacted, 410 again) what the second list holds."""
+    script = Script()
+    script.lists = [
+        {"metadata": {"resourceVersion": "10", "continue": "c1"}, "items": [obj("t1", "5")]},
+        410,
+        {"metadata": {"resourceVersion": "30"}, "items": [obj("t1", "25"), obj("t2", "26")]},
+    ]
+    runner, port = await serve(script)
+    session = ClientSession(connector=TCPConnector(ssl=False))
+    informer = Informer(
+        Connection(server=f"http://127.0.0.1:{port}", ssl_context=False),
+        session,
+        path=PATH,
+        plural="agenttasks",
+        on_event=lambda plural, kind, body, size: None,
+        on_synced=lambda: None,
+        on_health=lambda ok: None,
+    )
+    task = asyncio.create_task(informer.run(asyncio.Event()))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if any("watch=1" in r for r in script.requests):
+            break
+    task.cancel()
+    await session.close()
+    await runner.cleanup()
+    watches = [r for r in script.requests if "watch=1" in r]
+    assert watches and "resourceVersion=30" in watches[0], script.requests
