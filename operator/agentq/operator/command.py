@@ -57,12 +57,7 @@ _DEFAULTS = OperatorConfig()
 @click.option(
     "--watcher",
     type=click.Choice(["informer", "kopf"]),
-    help="WATCHER: the watch machinery [default: informer; kopf is kept for comparison]",
-)
-@click.option(
-    "--writer",
-    type=click.Choice(["rest", "threads"]),
-    help="WRITER: the API client [default: rest (aiohttp); threads is kept for comparison]",
+    help="WATCHER: the watch machinery [default: informer; see docs/operator.md]",
 )
 @click.option(
     "--log-level",

@@ -74,11 +74,9 @@ class OperatorConfig:
     # from the API server (no reply, no watch line) means it was not serving: holders
     # could not renew either, and the time is given back to every Lease (silence.py).
     api_silence_seconds: float = 2.0
-    # WATCHER / WRITER: the watch and client machinery. informer + rest (aiohttp) by
-    # default; kopf and threads (the kubernetes sync client) are kept for comparison
-    # (make bench-load).
+    # WATCHER: the watch machinery: informer (default) or kopf, both with watch health and
+    # a real synced signal; docs/operator.md says when to pick which.
     watcher: str = "informer"
-    writer: str = "rest"
     identity: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     )
@@ -110,8 +108,6 @@ class OperatorConfig:
                 raise ValueError(f"{name.upper()} must be above 0 (writes a second)")
         if self.watcher not in ("informer", "kopf"):
             raise ValueError(f"unknown watcher {self.watcher!r} (informer or kopf)")
-        if self.writer not in ("rest", "threads"):
-            raise ValueError(f"unknown writer {self.writer!r} (rest or threads)")
 
     @classmethod
     def env_defaults(cls, environ: dict[str, str] | None = None) -> dict[str, object]:
@@ -138,7 +134,6 @@ class OperatorConfig:
             "API_SILENCE_SECONDS": ("api_silence_seconds", float),
             "TOKEN_BLOCK": ("token_block", int),
             "WATCHER": ("watcher", str),
-            "WRITER": ("writer", str),
         }
         for var, (name, cast) in casts.items():
             if var in env:

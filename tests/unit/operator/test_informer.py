@@ -11,9 +11,9 @@ import asyncio
 import json
 from typing import Any
 
-from aiohttp import ClientSession, TCPConnector, web
+from aiohttp import web
 
-from agentq.operator.connection import Connection
+from agentq.kube import Client, Credentials, KubeConfig
 from agentq.operator.informer import Informer
 from harness import run
 
@@ -83,10 +83,9 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
     events: list[tuple[str, str]] = []
     health: list[bool] = []
     synced: list[int] = []
-    session = ClientSession(connector=TCPConnector(ssl=False))
+    client = Client(KubeConfig(server=f"http://127.0.0.1:{port}", credentials=Credentials()))
     informer = Informer(
-        Connection(server=f"http://127.0.0.1:{port}", ssl_context=False),
-        session,
+        client,
         path=PATH,
         plural="agenttasks",
         on_event=lambda plural, kind, body, size: events.append((kind, body["metadata"]["name"])),
@@ -100,7 +99,7 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
         if informer.resource_version == "40":
             break
     task.cancel()
-    await session.close()
+    await client.close()
     await runner.cleanup()
     assert ("DELETED", "t2") in events, events
     assert events.index(("DELETED", "t2")) > events.index(("ADDED", "t2"))
@@ -126,10 +125,9 @@ async def test_a_list_restarted_after_a_410_on_its_continue_token_watches_from_t
         {"metadata": {"resourceVersion": "30"}, "items": [obj("t1", "25"), obj("t2", "26")]},
     ]
     runner, port = await serve(script)
-    session = ClientSession(connector=TCPConnector(ssl=False))
+    client = Client(KubeConfig(server=f"http://127.0.0.1:{port}", credentials=Credentials()))
     informer = Informer(
-        Connection(server=f"http://127.0.0.1:{port}", ssl_context=False),
-        session,
+        client,
         path=PATH,
         plural="agenttasks",
         on_event=lambda plural, kind, body, size: None,
@@ -142,7 +140,7 @@ async def test_a_list_restarted_after_a_410_on_its_continue_token_watches_from_t
         if any("watch=1" in r for r in script.requests):
             break
     task.cancel()
-    await session.close()
+    await client.close()
     await runner.cleanup()
     watches = [r for r in script.requests if "watch=1" in r]
     assert watches and "resourceVersion=30" in watches[0], script.requests

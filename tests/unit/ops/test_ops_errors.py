@@ -7,27 +7,25 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
+from agentq import kube
 from agentq.cli import main
+from agentq.kube.sync import SyncClient
 from agentq.ops.commands import Duration
 from agentq.ops.errors import Exit
-from agentq.ops.kube import Cluster
+from agentq.ops.kube import Cluster, Refused
 
 pytestmark = pytest.mark.unit
 
 
 def cluster() -> Cluster:
-    configuration = client.Configuration()
-    configuration.host = "https://127.0.0.1:6443"
-    return Cluster(client.ApiClient(configuration), namespace="ns", source="test")
+    config = kube.KubeConfig(server="https://127.0.0.1:6443", credentials=kube.Credentials())
+    return Cluster(SyncClient(config), namespace="ns", source="test")
 
 
-def failure(status: int, body: object) -> ApiException:
-    err = ApiException(status=status, reason="Reason")
-    err.body = body if isinstance(body, str) else json.dumps(body)
-    return err
+def failure(status: int, body: object) -> Refused:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return Refused(status, body if isinstance(body, dict) else {}, text)
 
 
 def test_a_missing_object_is_not_found() -> None:
