@@ -13,6 +13,13 @@ holds what the API server holds (``Controller.set_synced``). Two pieces:
   until it is answered; an answered WATCH marks it healthy. Other requests
   pass untouched. kopf is pinned (pyproject.toml); ``check_kopf()`` fails
   loudly if the function's shape changes.
+- the same hook decodes what kopf reads of those resources with
+  ``agentq.views.decode`` (kopf's ``json.loads`` raises ``RecursionError`` on
+  a deeply nested object, and kopf deep-copies every body it handles): an
+  object nested deeper than ``KOPF_MAX_DEPTH`` is handed to the controller
+  directly (which fails such a task, PayloadTooDeep) and kopf sees a BOOKMARK
+  carrying its resourceVersion in its place, so one object can neither stop
+  kopf's watch nor stay unseen;
 - ``SyncSignal`` makes "synced" a fact instead of a 3 s guess: once kopf runs,
   a metadata-only LIST of each watched collection says what the API server
   holds; the controller is synced when kopf's handlers have fed it every one
@@ -28,12 +35,13 @@ import contextlib
 import inspect
 import logging
 import math
+import types
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentq import views
+from agentq import protocol, views
 from agentq.kube import Backoff, Client
 from agentq.operator.health import WatchHealth
 from agentq.operator.port import Body
@@ -41,6 +49,11 @@ from agentq.operator.port import Body
 log = logging.getLogger("agentq.kopfwatch")
 
 RELIST_SECONDS = 2.0
+# Deeper than any task the controller grants (its payload at most MAX_JSON_DEPTH, two
+# levels down) and well within what kopf's deepcopy of a body survives (~400 levels).
+KOPF_MAX_DEPTH = protocol.MAX_JSON_DEPTH + 8
+KIND_PLURALS = {"AgentTask": "agenttasks", "AgentWorker": "agentworkers", "Lease": "leases"}
+Feed = Callable[[str, str, Body, int], None]  # (plural, kind, body, size)
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io,application/json"
 Key = tuple[str, str, str]  # plural, namespace, name
 
@@ -93,16 +106,58 @@ def check_kopf() -> Any:
 
 
 class KopfWatchHealth:
-    """Reports kopf's watches of our resources to ``health`` (see the module docstring)."""
+    """Reports kopf's watches of our resources to ``health``, and hands objects too deep
+    for kopf to ``feed`` (see the module docstring)."""
 
     def __init__(
-        self, health: WatchHealth, plurals: Sequence[str], namespaces: Sequence[str | None]
-    ):
+        self,
+        health: WatchHealth,
+        plurals: Sequence[str],
+        namespaces: Sequence[str | None],
+        feed: Feed | None = None,
+    ) -> None:
         self.health = health
         self.plurals = tuple(plurals)
         self.namespaces = list(namespaces)
         self.healthy: dict[str, set[str | None]] = {p: set() for p in plurals}
         self.failures = 0
+        self.feed = feed
+        self.bypassed = 0  # objects handed to the controller past kopf
+
+    def _too_deep(self, body: Any) -> bool:
+        depth = protocol.json_depth(body, limit=KOPF_MAX_DEPTH)
+        return isinstance(body, dict) and depth > KOPF_MAX_DEPTH
+
+    def loads(self, text: str | bytes) -> Any:
+        """kopf's ``json.loads`` for watch lines: any depth; too deep goes past kopf."""
+        event = views.decode(text)
+        kinds = ("ADDED", "MODIFIED", "DELETED")
+        if not isinstance(event, dict) or event.get("type") not in kinds:
+            return event
+        body = event.get("object")
+        plural = KIND_PLURALS.get(str((body or {}).get("kind")))
+        if self.feed is None or plural not in self.plurals or not self._too_deep(body):
+            return event
+        assert plural is not None and isinstance(body, dict)
+        self.bypassed += 1
+        self.feed(plural, str(event["type"]), body, len(text))
+        version = (body.get("metadata") or {}).get("resourceVersion")
+        return {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": version}}}
+
+    def listed(self, raw: bytes, plural: str) -> Any:
+        """A LIST page as kopf reads it: any depth; items too deep go past kopf."""
+        page = views.decode(raw)
+        if self.feed is None or not isinstance(page, dict):
+            return page
+        kept = []
+        for item in page.get("items") or []:
+            if self._too_deep(item):
+                self.bypassed += 1
+                self.feed(plural, "MODIFIED", item, 0)
+            else:
+                kept.append(item)
+        page["items"] = kept
+        return page
 
     def report(self, plural: str, namespace: str | None, ok: bool) -> None:
         (self.healthy[plural].add if ok else self.healthy[plural].discard)(namespace)
@@ -140,20 +195,32 @@ class KopfWatchHealth:
                     continue
                 if watch:
                     self.report(plural, namespace, True)
+                else:  # a LIST page, read with response.json(): decoded as ``listed``
+                    self._decode_as_listed(response, plural)
                 return response
 
         return request
+
+    def _decode_as_listed(self, response: Any, plural: str) -> None:
+        read = response.read
+
+        async def json(*_: Any, **__: Any) -> Any:
+            return self.listed(await read(), plural)
+
+        response.json = json
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
         """kopf's request function wrapped for as long as the block runs."""
         api = check_kopf()
-        original = api.request
+        original, original_json = api.request, api.json
         api.request = self.wrap(original)
+        # api.stream decodes each watch line with its module's json.loads
+        api.json = types.SimpleNamespace(loads=self.loads, dumps=original_json.dumps)
         try:
             yield
         finally:
-            api.request = original
+            api.request, api.json = original, original_json
 
 
 class SyncSignal:

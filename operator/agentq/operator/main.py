@@ -235,8 +235,13 @@ async def _kopf(
         for ns in namespaces
     ]
     synced = kopfwatch.SyncSignal(client, targets, controller.set_synced)
+
+    def past_kopf(plural: str, kind: str, body: Body, size: int) -> None:
+        controller.observe(plural, kind, body, size)
+        synced.note(plural, kind, body)
+
     watch_health = kopfwatch.KopfWatchHealth(
-        health, [TASK_PLURAL, WORKER_PLURAL, "leases"], namespaces
+        health, [TASK_PLURAL, WORKER_PLURAL, "leases"], namespaces, feed=past_kopf
     )
     if config.leader_election:
 
