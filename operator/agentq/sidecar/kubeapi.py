@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from agentq.kube import Backoff, Client, CredentialError, TransportError
+from agentq.kube import Client, CredentialError, TransportError
 from agentq.kube import load as load_config
 
 Body = dict[str, Any]
@@ -146,4 +146,4 @@ class KubeApi:
             raise ApiError(0, f"watch {path}: {err!r}") from err
 
 
-__all__ = ["ApiError", "Backoff", "KubeApi", "custom_path", "lease_path"]
+__all__ = ["ApiError", "KubeApi", "custom_path", "lease_path"]
