@@ -3,8 +3,8 @@
 For each candidate client, in one run against one real API server (the embedded
 control plane) and each in its own fresh process:
 
-- import: wall seconds, CPU seconds and RSS growth of importing what a port on
-  that client needs (median of ``--imports`` fresh processes), and the RSS after;
+- import: wall seconds, CPU seconds and RSS after importing the client alone
+  (for agentq: ``agentq.kube``; median of ``--imports`` fresh processes);
 - the operator's hot calls, ``--requests`` of each, 16 in flight: an AgentTask
   status merge patch with a resourceVersion CAS, a Lease create, a Lease replace
   (CAS) and a Lease GET; client CPU seconds (user + system, the whole process) per
@@ -84,8 +84,12 @@ class Port:
 
 def import_candidate(name: str) -> None:
     """What a port on ``name`` imports (measured: time, CPU, RSS)."""
-    if name in ("agentq", "baseline"):
-        import agentq.operator.rest  # noqa: F401
+    if name == "agentq":  # the client alone (the operator's port adds agentq's own models)
+        import agentq.kube  # noqa: F401
+    elif name == "baseline":  # its client: connection.py on aiohttp
+        import aiohttp  # noqa: F401
+
+        import agentq.operator.connection  # noqa: F401
     elif name == "kubernetes_asyncio":
         import kubernetes_asyncio.client
         import kubernetes_asyncio.config  # noqa: F401

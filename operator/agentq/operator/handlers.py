@@ -26,11 +26,15 @@ from agentq.operator.controller import Controller
 from agentq.operator.port import Body
 
 
-async def connection_info(kubeconfig: kube.KubeConfig, *, refresh: bool) -> kopf.ConnectionInfo:
-    """kopf's login for ``kubeconfig``: the current credential (``refresh``: obtained anew)."""
+async def connection_info(
+    kubeconfig: kube.KubeConfig, *, refused: int | None = None
+) -> kopf.ConnectionInfo:
+    """kopf's login for ``kubeconfig``: the current credential, obtained anew if it is
+    still the one kopf had before (generation ``refused``; another client of ours may
+    have refreshed it already)."""
     credentials = kubeconfig.credentials
-    if refresh:
-        await credentials.refresh()
+    if refused is not None:
+        await credentials.refresh(refused)
     auth = await credentials.current()
     header = str(auth.headers.get("Authorization", ""))
     scheme, _, value = header.partition(" ")
@@ -61,13 +65,14 @@ def make_registry(
     on_fed: Callable[[str, str, Body], None] = lambda plural, kind, body: None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    logins = 0
+    given: list[int] = []  # the credential's generation kopf was last given
 
     @kopf.on.login(registry=registry)
     async def login(**_: Any) -> kopf.ConnectionInfo:
-        nonlocal logins
-        logins += 1
-        return await connection_info(kubeconfig, refresh=logins > 1)
+        # kopf asks again after a 401 or once the credential expired: refresh it then.
+        info = await connection_info(kubeconfig, refused=given[-1] if given else None)
+        given.append(kubeconfig.credentials.generation)
+        return info
 
     def feed(plural: str, event: kopf.RawEvent) -> None:
         kind = str(event.get("type") or "MODIFIED")

@@ -187,3 +187,30 @@ def test_an_object_too_deep_for_kopf_goes_to_the_controller_and_kopf_sees_a_book
 
 def fed_body(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": "1"}}
+
+
+@run
+async def test_kopf_logs_in_with_agentq_credentials_refreshed_when_it_asks_again(
+    tmp_path: Any,
+) -> None:
+    from agentq.operator.handlers import connection_info
+
+    token = tmp_path / "token"
+    token.write_text("one")
+    config = KubeConfig(
+        server="https://h:6443", credentials=Credentials(token_file=token), ca=b"CA"
+    )
+    first = await connection_info(config)
+    assert (first.server, first.token, first.scheme, first.ca_data) == (
+        "https://h:6443", "one", "Bearer", b"CA"
+    )  # fmt: skip
+    token.write_text("two")
+    given = config.credentials.generation
+    again = await connection_info(config, refused=given)  # kopf got a 401 with "one"
+    assert again.token == "two"
+    await config.credentials.refresh()  # another client refreshed meanwhile ...
+    third = await connection_info(config, refused=given)  # ... no second refresh for kopf
+    assert third.token == "two" and config.credentials.runs == 3
+    basic = KubeConfig(server="https://h:6443", credentials=Credentials(basic=("u", "p:w")))
+    info = await connection_info(basic)
+    assert (info.username, info.password, info.token) == ("u", "p:w", None)
