@@ -85,11 +85,10 @@ class Port:
 def import_candidate(name: str) -> None:
     """What a port on ``name`` imports (measured: time, CPU, RSS)."""
     if name == "agentq":  # the client alone (the operator's port adds agentq's own models)
-        import agentq.kube  # noqa: F401
+        import agentq.kube
     elif name == "baseline":  # its client: connection.py on aiohttp
-        import aiohttp  # noqa: F401
-
         import agentq.operator.connection  # noqa: F401
+        import aiohttp  # noqa: F401
     elif name == "kubernetes_asyncio":
         import kubernetes_asyncio.client
         import kubernetes_asyncio.config  # noqa: F401
