@@ -44,6 +44,7 @@ from typing import Any
 from agentq import protocol, views
 from agentq.kube import Backoff, Client
 from agentq.operator.health import WatchHealth
+from agentq.operator.informer import LIST_TIMEOUT
 from agentq.operator.port import Body
 
 log = logging.getLogger("agentq.kopfwatch")
@@ -265,7 +266,7 @@ class SyncSignal:
                 if cont:
                     params["continue"] = cont
                 rsp = await self.client.request(
-                    "GET", target.path, params=params, accept=METADATA_LIST
+                    "GET", target.path, params=params, accept=METADATA_LIST, timeout=LIST_TIMEOUT
                 )
                 if rsp.status == 410:  # the continue token expired: this collection again
                     held = {k: v for k, v in held.items() if k[0] != target.plural}
@@ -325,7 +326,7 @@ async def catch_up(client: Client, path: str, feed: Callable[[Body], None]) -> N
         params = {"limit": "500"}
         if cont:
             params["continue"] = cont
-        rsp = await client.request("GET", path, params=params)
+        rsp = await client.request("GET", path, params=params, timeout=LIST_TIMEOUT)
         if rsp.status == 410:
             cont = ""
             continue
