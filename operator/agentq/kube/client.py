@@ -52,6 +52,7 @@ class Response:
     status: int
     raw: bytes
     attempts: int = 1
+    retry_after: float | None = None  # the Retry-After of a 429 or 503, in seconds
 
     @property
     def ok(self) -> bool:
@@ -166,13 +167,14 @@ class Client:
                 ) as rsp:
                     raw = await rsp.read()
                     status = rsp.status
+                    retry_after = _seconds(rsp.headers.get("Retry-After"))
             except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 raise TransportError(f"{method} {path}: {type(err).__name__}: {err}") from err
             if status == 401 and attempts == 1 and self.credentials.refreshable:
                 self.refreshes += 1
                 await self.credentials.refresh(generation)
                 continue
-            return Response(status, raw, attempts)
+            return Response(status, raw, attempts, retry_after)
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -204,6 +206,13 @@ class Client:
                     return
             except (TimeoutError, aiohttp.ClientError, OSError) as err:
                 raise TransportError(f"GET {path}: {type(err).__name__}: {err}") from err
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value else None
+    except ValueError:  # an HTTP date: the API server never sends one
+        return None
 
 
 def object_path(

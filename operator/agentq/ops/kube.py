@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ Body = dict[str, Any]
 # (connect, read) seconds: a CLI should fail in seconds, not hang, when the server is gone.
 REQUEST_TIMEOUT = (5.0, 30.0)
 MERGE = kube.MERGE_PATCH
+RETRY_AFTER_MAX = 5.0  # the longest a verb waits on the API server's Retry-After, once
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 NO_CLUSTER_HINT = (
@@ -141,6 +143,11 @@ class Cluster:
                 rsp = self.api.request(
                     method, path, body=body, params=params, content_type=content_type
                 )
+                if rsp.retry_after is not None and rsp.status in (429, 503) and attempt == 1:
+                    # "storage is (re)initializing" just after the CRDs were installed, or
+                    # a throttled request: the API server says when to ask again.
+                    time.sleep(min(rsp.retry_after, RETRY_AFTER_MAX))
+                    continue
                 break
             except kube.TransportError as err:
                 # One quick retry for a dropped connection; a server that is down fails
