@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 
 from agentq.kube.config import KubeConfig
-from agentq.kube.credentials import Auth, CredentialError
+from agentq.kube.credentials import Auth, CredentialError, Credentials
 
 MERGE_PATCH = "application/merge-patch+json"
 MAX_LINE = 64 * 1024 * 1024  # one watch event; the API server refuses objects over 3 MiB
@@ -109,7 +109,7 @@ class Client:
         self.refreshes = 0  # 401s answered by refreshing the credential
 
     @property
-    def credentials(self) -> Any:
+    def credentials(self) -> Credentials:
         return self.config.credentials
 
     def _session_for(self, auth: Auth) -> aiohttp.ClientSession:
