@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test chaos bench bench-load demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-kopf chaos bench bench-load demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite"
@@ -106,6 +106,11 @@ integration: venv system-deps controlplane
 # tests/node (real pods on a local node) run in `make e2e`.
 test: venv system-deps controlplane check
 	$(BIN)/pytest -m "not node"
+
+# The operator's liveness tests again with kopf's watches (--watcher kopf): both watcher
+# modes are held to the same guarantees (docs/operator.md); CI runs both.
+test-kopf: venv system-deps controlplane
+	AGENTQ_TEST_WATCHER=kopf $(BIN)/pytest tests/integration/test_operator_liveness.py
 
 # The seeded chaos run on its own embedded control plane (tests/chaos): 1,000 tasks,
 # faults of every kind; writes its figures into docs/reliability.md.

@@ -28,8 +28,8 @@ busy machine):
 
 Variants of the operator can be run side by side (``--variants``): ``new`` is
 this tree with its defaults; ``kopf`` and ``threads`` swap in kopf's watches or
-the kubernetes sync client in threads (``--watcher kopf`` / ``--writer
-threads``) so the choice of machinery is measured, not guessed;
+the kubernetes sync client in threads (``--watcher kopf`` /
+``bench/threaded_operator.py``) so the choice of machinery is measured, not guessed;
 ``baseline=DIR`` runs the operator from another source tree (for example
 ``git archive main``) for before/after figures.
 
@@ -65,16 +65,16 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+THREADED = (str(HERE / "threaded_operator.py"),)  # the comparison writer (threads)
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
 import docsection  # noqa: E402
-from load_common import LEASES, TASKS, WORKERS, Api, bounded  # noqa: E402
+from load_common import LEASES, TASKS, WORKERS, Api, bounded, connect  # noqa: E402
 
 from agentq.controlplane import Cluster  # noqa: E402
 from agentq.controlplane.cluster import free_port  # noqa: E402
-from agentq.operator import connection  # noqa: E402
 
 OUT = HERE / "out"
 DOCS = ROOT / "docs" / "benchmarks.md"
@@ -164,6 +164,8 @@ class Variant:
     name: str
     flags: tuple[str, ...] = ()
     src: str | None = None  # another source tree's operator/ directory (PYTHONPATH)
+    # how the operator is started: the CLI, or bench/threaded_operator.py (``threads``)
+    entry: tuple[str, ...] = ("-m", "agentq.cli")
     env: dict[str, str] = field(default_factory=dict)  # operator settings (environment)
 
     @classmethod
@@ -183,9 +185,11 @@ class Variant:
         if text == "kopf":
             return cls("kopf", ("--watcher", "kopf"))
         if text == "threads":
-            return cls("threads", ("--writer", "threads"))
+            return cls("threads", entry=(str(HERE / "threaded_operator.py"),))
         if text == "kopf+threads":
-            return cls("kopf+threads", ("--watcher", "kopf", "--writer", "threads"))
+            return cls(
+                "kopf+threads", ("--watcher", "kopf"), entry=(str(HERE / "threaded_operator.py"),)
+            )
         if text.startswith("baseline="):
             src = Path(text.split("=", 1)[1]) / "operator"
             if not (src / "agentq").is_dir():
@@ -248,8 +252,7 @@ def start_operator(env: Env, ns: str, variant: Variant, tag: str) -> Operator:
         extra_env["PYTHONPATH"] = variant.src
     args = [
         sys.executable,
-        "-m",
-        "agentq.cli",
+        *variant.entry,
         "operator",
         "--namespace",
         ns,
@@ -1435,7 +1438,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
     workdir = Path(tempfile.mkdtemp(prefix="agentq-bench-load-"))
     cluster = Cluster(workdir / "cluster")
     state = cluster.up(build=True, tie_to_parent=True)
-    api = Api(connection.from_kubeconfig(state.kubeconfig))
+    api = Api(connect(state.kubeconfig))
     env = Env(state.kubeconfig, api, dict(state.pids), workdir, state.binaries["kubectl"])
     results: list[Result] = []
     try:

@@ -10,15 +10,35 @@ import asyncio
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from agentq.operator.connection import Connection
+from agentq import kube
 
 TASKS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agenttasks"
 WORKERS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agentworkers"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+
+
+@dataclass
+class Connection:
+    """The admin kubeconfig's server, TLS and (static) headers."""
+
+    server: str
+    ssl_context: Any
+    static_headers: dict[str, str]
+
+    def headers(self) -> dict[str, str]:
+        return dict(self.static_headers)
+
+
+def connect(kubeconfig: str) -> Connection:
+    config = kube.from_kubeconfig(kubeconfig)
+    token = config.credentials.token
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return Connection(config.server, config.ssl_context(), headers)
 
 
 class Api:

@@ -28,10 +28,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
-from load_common import LEASES, Api, bounded
+from load_common import LEASES, Api, bounded, connect
 
 from agentq import protocol
-from agentq.operator import connection
 
 
 def now() -> str:
@@ -168,7 +167,7 @@ async def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--renew-log", help="file: task Lease name -> last renewal time")
     args = parser.parse_args()
-    api = Api(connection.from_kubeconfig(args.kubeconfig))
+    api = Api(connect(args.kubeconfig))
     names = [f"w{i:04d}" for i in range(args.workers)]
     jobs = [keep_workers(api, args.namespace, names, args)]
     if args.hold:

@@ -394,6 +394,11 @@ class Fleet:
             self.namespace,
             *flags,
         ]
+        # AGENTQ_TEST_WATCHER=kopf runs the operators of a test run with kopf's watches
+        # (the default is the informer): the liveness tests hold both modes to one standard.
+        watcher = os.environ.get("AGENTQ_TEST_WATCHER")
+        if watcher and "--watcher" not in flags:
+            args += ["--watcher", watcher]
         # Worker status counts are a snapshot written at most every WORKER_STATUS_INTERVAL
         # (30 s by default, from the leader's start): tests that read them wait 2 s.
         extra = {"AGENTQ_WORKER_STATUS_INTERVAL": "2", **(env or {})}

@@ -171,17 +171,12 @@ class OperatorConfig:
         help="a request of ours waiting this long (s) with nothing heard from the API server "
         "gives the time back to every Lease",
     )
-    # The watch and client machinery: informer + rest (aiohttp) by default; kopf and
-    # threads (the kubernetes sync client) are kept for comparison (make bench-load).
+    # The watch machinery: informer (default) or kopf, both with watch health and a real
+    # synced signal; docs/operator.md says when to pick which.
     watcher: str = setting(
         "informer",
         choices=("informer", "kopf"),
-        help="the watch machinery; kopf is kept for comparison",
-    )
-    writer: str = setting(
-        "rest",
-        choices=("rest", "threads"),
-        help="the API client: rest (aiohttp); threads is kept for comparison",
+        help="the watch machinery: informer, or kopf's watches (docs/operator.md)",
     )
     identity: str = setting(
         factory=lambda: f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}",
@@ -216,8 +211,6 @@ class OperatorConfig:
                 raise ValueError(f"{env_name(name)} must be above 0 (writes a second)")
         if self.watcher not in ("informer", "kopf"):
             raise ValueError(f"unknown watcher {self.watcher!r} (informer or kopf)")
-        if self.writer not in ("rest", "threads"):
-            raise ValueError(f"unknown writer {self.writer!r} (rest or threads)")
 
 
 def settings() -> list[dataclasses.Field[Any]]:

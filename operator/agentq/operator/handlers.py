@@ -1,40 +1,84 @@
 """kopf watch handlers (``--watcher kopf``): they only feed the controller's cache.
 
-The default watch machinery is ``agentq.operator.informer``; kopf is kept as
-the alternative the benchmark compares it with (docs/benchmarks.md). All
+The default watch machinery is ``agentq.operator.informer``; kopf is the
+design's named framework and a supported mode held to the same guarantees
+(``agentq.operator.kopfwatch``: watch health, a real synced signal). All
 handlers are ``async`` so they run on the event loop (kopf runs sync handlers
 in threads, and the cache is not thread-safe) and return at once; no handler
 calls the API server. Only ``on.event`` is used: it needs no finalizers or
 progress annotations, so kopf writes nothing to our objects.
 
-kopf reports neither when its first lists are complete nor whether a watch is
-connected: in this mode the controller starts deciding after a settling delay
-and cannot refuse to judge expiry on a stalled watch (it still re-reads a
-Lease before reclaiming it).
+kopf logs in with agentq's own credentials (``agentq.kube``: exec plugins,
+rotated ServiceAccount tokens); when kopf asks again (a 401, or the
+credential's expiry passed) the credential is refreshed first.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 
-from agentq import GROUP, VERSION, protocol
+from agentq import GROUP, VERSION, kube, protocol
 from agentq.operator.controller import Controller
+from agentq.operator.port import Body
 
 
-def make_registry(controller: Controller) -> kopf.OperatorRegistry:
+async def connection_info(
+    kubeconfig: kube.KubeConfig, *, refused: int | None = None
+) -> kopf.ConnectionInfo:
+    """kopf's login for ``kubeconfig``: the current credential, obtained anew if it is
+    still the one kopf had before (generation ``refused``; another client of ours may
+    have refreshed it already)."""
+    credentials = kubeconfig.credentials
+    if refused is not None:
+        await credentials.refresh(refused)
+    auth = await credentials.current()
+    header = str(auth.headers.get("Authorization", ""))
+    scheme, _, value = header.partition(" ")
+    username = password = token = None
+    if scheme == "Basic":
+        username, _, password = base64.b64decode(value).decode().partition(":")
+    elif scheme:
+        token = value
+    cert = auth.cert or kubeconfig.cert
+    return kopf.ConnectionInfo(
+        server=kubeconfig.server,
+        ca_data=kubeconfig.ca,
+        insecure=kubeconfig.insecure or None,
+        scheme="Bearer" if token else None,
+        token=token,
+        username=username,
+        password=password,
+        certificate_data=cert[0] if cert else None,
+        private_key_data=cert[1] if cert else None,
+        default_namespace=kubeconfig.namespace,
+        expiration=auth.expires,
+    )
+
+
+def make_registry(
+    controller: Controller,
+    kubeconfig: kube.KubeConfig,
+    on_fed: Callable[[str, str, Body], None] = lambda plural, kind, body: None,
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    given: list[int] = []  # the credential's generation kopf was last given
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        # A registry of our own has no default login handlers: use the kubernetes client's
-        # configuration (in-cluster service account, else the kubeconfig).
-        info: kopf.ConnectionInfo | None = kopf.login_via_client(**kwargs)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf asks again after a 401 or once the credential expired: refresh it then.
+        info = await connection_info(kubeconfig, refused=given[-1] if given else None)
+        given.append(kubeconfig.credentials.generation)
         return info
 
     def feed(plural: str, event: kopf.RawEvent) -> None:
-        controller.observe(plural, str(event.get("type") or "MODIFIED"), dict(event["object"]))
+        kind = str(event.get("type") or "MODIFIED")
+        body = dict(event["object"])
+        controller.observe(plural, kind, body)
+        on_fed(plural, kind, body)
 
     @kopf.on.event(GROUP, VERSION, "agenttasks", registry=registry)
     async def task_event(event: kopf.RawEvent, **_: Any) -> None:

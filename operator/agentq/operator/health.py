@@ -37,7 +37,8 @@ class WatchHealth:
 
 
 class AlwaysHealthy(WatchHealth):
-    """For watch machinery that does not report its health (kopf)."""
+    """A controller built without watches (the unit harness); both watcher modes report
+    their health (the informer itself, kopf through ``kopfwatch``)."""
 
     @property
     def healthy(self) -> bool:

@@ -1,4 +1,4 @@
-"""A thin informer: list + watch of one resource, on aiohttp, feeding the controller's cache.
+"""A thin informer: list + watch of one resource on ``agentq.kube``, feeding the cache.
 
 Chosen over kopf's watches by measurement (docs/benchmarks.md): kopf runs its
 per-object machinery for every event -- most of the operator's CPU per dispatch
@@ -15,23 +15,22 @@ it. This one does what client-go's reflector does and nothing more:
 - every line is decoded with ``agentq.views.decode`` (no ``RecursionError`` for
   any nesting) and a line that cannot be decoded at all is counted and skipped;
 - ``WatchHealth`` says whether the watch is connected and current: the
-  controller judges no expiry while it is not.
+  controller judges no expiry while it is not;
+- a failure (no answer, a 5xx, a refusal) is retried after ``agentq.kube.Backoff``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 
 from agentq import views
+from agentq.kube import Backoff, Client
 from agentq.operator import metrics
-from agentq.operator.connection import Connection
 from agentq.operator.port import Body
 
 log = logging.getLogger("agentq.informer")
@@ -40,8 +39,8 @@ log = logging.getLogger("agentq.informer")
 # --min-request-timeout otherwise); resuming is cheap.
 WATCH_SECONDS = 290
 PAGE = 500
-MAX_LINE = 64 * 1024 * 1024  # a single object; the API server refuses requests over 3 MiB
 
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=10)  # a page of 500 large tasks
 OnEvent = Callable[[str, str, Body, int], None]  # (plural, ADDED/MODIFIED/DELETED, body, size)
 
 
@@ -52,8 +51,7 @@ class Gone(Exception):
 class Informer:
     def __init__(
         self,
-        connection: Connection,
-        session: aiohttp.ClientSession,
+        client: Client,
         *,
         path: str,
         plural: str,
@@ -63,11 +61,11 @@ class Informer:
         label_selector: str | None = None,
         on_heard: Callable[[], None] | None = None,
     ) -> None:
-        self.connection = connection
+        self.client = client
         # Called for every answer from the API server (a page, a watch line, a bookmark):
         # it is serving (``silence.ApiSilence.heard``).
         self.on_heard = on_heard or (lambda: None)
-        self.session = session
+        self.backoff = Backoff(initial=0.2, maximum=5.0)
         self.path = path
         self.plural = plural
         self.on_event = on_event
@@ -80,14 +78,12 @@ class Informer:
         self.events = 0
         self.undecodable = 0
 
-    def _url(self, **params: str) -> str:
-        query = dict(params)
+    def _params(self, **params: str) -> dict[str, str]:
         if self.label_selector:
-            query["labelSelector"] = self.label_selector
-        return f"{self.connection.server}{self.path}?{urllib.parse.urlencode(query)}"
+            params["labelSelector"] = self.label_selector
+        return params
 
     async def run(self, stop: asyncio.Event) -> None:
-        delay = 0.2
         while not stop.is_set():
             try:
                 if not self.resource_version:
@@ -95,7 +91,7 @@ class Informer:
                     self.on_health(True)
                     self.on_synced()
                 await self._watch()
-                delay = 0.2
+                self.backoff.reset()
             except Gone:
                 log.info("watch of %s expired (410); listing again", self.plural)
                 self.resource_version = ""
@@ -105,8 +101,7 @@ class Informer:
             except Exception as err:  # connection refused, reset, timeout, 5xx
                 self.on_health(False)
                 log.warning("watch of %s failed: %s: %s", self.plural, type(err).__name__, err)
-                await asyncio.sleep(delay * (1 + random.random()))
-                delay = min(delay * 2, 5.0)
+                await self.backoff.sleep(stop)
 
     async def _pages(self) -> AsyncIterator[Body | None]:
         """A paginated LIST, page by page (decoded); ``None`` when the continue token
@@ -116,18 +111,17 @@ class Informer:
             params = {"limit": str(PAGE)}
             if cont:
                 params["continue"] = cont
-            async with self.session.get(
-                self._url(**params), headers=self.connection.headers()
-            ) as rsp:
-                raw = await rsp.read()
-                self.on_heard()
-                if rsp.status == 410:
-                    cont = ""
-                    yield None
-                    continue
-                if rsp.status != 200:
-                    raise RuntimeError(f"LIST {self.plural}: HTTP {rsp.status}: {raw[:300]!r}")
-            listed = views.decode(raw)
+            rsp = await self.client.request(
+                "GET", self.path, params=self._params(**params), timeout=LIST_TIMEOUT
+            )
+            self.on_heard()
+            if rsp.status == 410:
+                cont = ""
+                yield None
+                continue
+            if rsp.status != 200:
+                raise RuntimeError(f"LIST {self.plural}: HTTP {rsp.status}: {rsp.raw[:300]!r}")
+            listed = views.decode(rsp.raw)
             yield listed
             cont = str((listed.get("metadata") or {}).get("continue") or "")
             if not cont:
@@ -143,8 +137,8 @@ class Informer:
         seen: set[tuple[str, str]] = set()
         version = ""
         async for listed in self._pages():
-            if listed is None:
-                seen = set()
+            if listed is None:  # the list starts over: so do its version and what it saw
+                seen, version = set(), ""
                 continue
             if not version:
                 version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
@@ -165,34 +159,26 @@ class Informer:
                 self._deliver_listed(item)
 
     async def _watch(self) -> None:
-        url = self._url(
+        params = self._params(
             watch="1",
             resourceVersion=self.resource_version,
             allowWatchBookmarks="true",
             timeoutSeconds=str(WATCH_SECONDS),
         )
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=WATCH_SECONDS + 30)
-        async with self.session.get(url, headers=self.connection.headers(), timeout=timeout) as rsp:
+        async with self.client.stream(
+            self.path, params=params, read_timeout=WATCH_SECONDS + 30
+        ) as rsp:
             if rsp.status == 410:
                 raise Gone()
             if rsp.status != 200:
-                text = await rsp.text()
+                text = (await rsp.read()).decode(errors="replace")
                 raise RuntimeError(f"WATCH {self.plural}: HTTP {rsp.status}: {text[:300]}")
             self.on_health(True)
-            buffer = bytearray()
-            async for chunk in rsp.content.iter_any():
-                buffer.extend(chunk)
-                while True:
-                    end = buffer.find(b"\n")
-                    if end < 0:
-                        if len(buffer) > MAX_LINE:
-                            raise RuntimeError(f"a {self.plural} watch line over {MAX_LINE} bytes")
-                        break
-                    line = bytes(buffer[:end])
-                    del buffer[: end + 1]
-                    self.on_heard()
-                    if line.strip():
-                        self._line(line)
+            self.backoff.reset()
+            async for line in rsp.lines():
+                self.on_heard()
+                if line.strip():
+                    self._line(line)
 
     def _line(self, line: bytes) -> None:
         try:

@@ -32,7 +32,7 @@ from typing import Any
 
 from agentq.clock import Clock, micro_rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
-from agentq.operator.port import Kube, KubeError, Status
+from agentq.operator.port import Kube, KubeError, Reply, Status
 
 log = logging.getLogger("agentq.leader")
 
@@ -93,6 +93,7 @@ class LeaderElector:
         got = await self.kube.get_lease(self.namespace, self.name)
         if not got.ok or got.body is None:
             if got.status is not Status.GONE:
+                self._refused(got)
                 return False
             created = await self.kube.create_lease(
                 self.namespace,
@@ -109,6 +110,7 @@ class LeaderElector:
                     },
                 },
             )
+            self._refused(created)
             return created.ok
         lease = got.body
         spec: dict[str, Any] = lease.setdefault("spec", {})
@@ -130,7 +132,15 @@ class LeaderElector:
         spec["renewTime"] = now
         spec["leaseDurationSeconds"] = int(self.lease_seconds)
         replaced = await self.kube.replace_lease(self.namespace, self.name, lease)
+        self._refused(replaced)
         return replaced.ok
+
+    def _refused(self, reply: Reply) -> None:
+        # A refusal for who we are (RBAC, credentials) never cures itself: say so, each round.
+        if reply.status is Status.FORBIDDEN:
+            log.warning(
+                "leader election refused on %s/%s: %s", self.namespace, self.name, reply.message
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         try:

@@ -19,18 +19,16 @@ import signal
 from collections.abc import Awaitable
 from typing import Any
 
-import aiohttp
-
+from agentq import GROUP, VERSION, kube, protocol
 from agentq.clock import SystemClock
 from agentq.models import TASK_PLURAL, WORKER_PLURAL
-from agentq.operator import connection as connections
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
-from agentq.operator.health import AlwaysHealthy, WatchHealth
+from agentq.operator.health import WatchHealth
 from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
-from agentq.operator.port import Kube, lease_path, object_path
+from agentq.operator.port import Body, Kube
 from agentq.operator.silence import ApiSilence, HeardKube, pulse
 
 log = logging.getLogger("agentq.operator")
@@ -39,49 +37,32 @@ LEASE_SELECTOR = "agentq.dev/lease in (task,worker)"
 SHUTDOWN_SECONDS = 10.0
 
 
-def _make_kube(config: OperatorConfig, conn: connections.Connection) -> Kube:
-    if config.writer == "threads":
-        from agentq.operator.kube import ThreadedKube, make_api_client
-
-        return ThreadedKube(
-            make_api_client(pool_size=config.write_concurrency + 4),
-            request_timeout=config.request_timeout,
-        )
+def make_kube(config: OperatorConfig, kubeconfig: kube.KubeConfig) -> Kube:
+    """The port the controller writes through. A seam for bench/ only: the comparison
+    writer (the kubernetes sync client in threads, bench/threaded_operator.py) replaces it."""
     from agentq.operator.rest import RestKube
 
-    return RestKube(conn, pool=config.write_concurrency + 4, request_timeout=config.request_timeout)
+    return RestKube(
+        kube.Client(kubeconfig, pool=config.write_concurrency + 4, timeout=config.request_timeout)
+    )
 
 
 def _informers(
     config: OperatorConfig,
-    conn: connections.Connection,
-    session: aiohttp.ClientSession,
+    client: kube.Client,
     controller: Controller,
     health: WatchHealth,
     silence: ApiSilence,
 ) -> list[Informer]:
     namespaces: list[str | None] = list(config.namespaces) or [None]
-    resources = [
-        (TASK_PLURAL, "agentq.dev", "v1alpha1", None),
-        (WORKER_PLURAL, "agentq.dev", "v1alpha1", None),
-        ("leases", "coordination.k8s.io", "v1", LEASE_SELECTOR),
-    ]
+    resources = [(TASK_PLURAL, None), (WORKER_PLURAL, None), ("leases", LEASE_SELECTOR)]
     informers: list[Informer] = []
     pending: set[tuple[str, str | None]] = set()
-    healthy: dict[str, set[str | None]] = {plural: set() for plural, *_ in resources}
+    healthy: dict[str, set[str | None]] = {plural: set() for plural, _ in resources}
 
-    for plural, group, version, selector in resources:
+    for plural, selector in resources:
         for namespace in namespaces:
-            if namespace is None:
-                path = (
-                    f"/apis/{group}/{version}/{plural}"
-                    if plural != "leases"
-                    else "/apis/coordination.k8s.io/v1/leases"
-                )
-            elif plural == "leases":
-                path = lease_path(namespace)
-            else:
-                path = object_path(group, version, namespace, plural)
+            path = _collection(plural, namespace)
             pending.add((plural, namespace))
 
             def synced(plural: str = plural, namespace: str | None = namespace) -> None:
@@ -97,8 +78,7 @@ def _informers(
 
             informers.append(
                 Informer(
-                    conn,
-                    session,
+                    client,
                     path=path,
                     plural=plural,
                     on_event=controller.observe,
@@ -116,14 +96,12 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     clock = SystemClock()
-    conn = connections.load()
+    kubeconfig = kube.load()
     silence = ApiSilence(clock, config.api_silence_seconds)
-    kube = HeardKube(_make_kube(config, conn), silence)
+    port = HeardKube(make_kube(config, kubeconfig), silence)
     informer_mode = config.watcher == "informer"
-    health = (
-        WatchHealth([TASK_PLURAL, WORKER_PLURAL, "leases"]) if informer_mode else AlwaysHealthy()
-    )
-    controller = Controller(kube=kube, clock=clock, config=config, health=health)
+    health = WatchHealth([TASK_PLURAL, WORKER_PLURAL, "leases"])
+    controller = Controller(kube=port, clock=clock, config=config, health=health)
     silence.listen(controller.note_api_silence)
     metrics.serve(config.metrics_port)
     metrics.LEADER.set(1 if controller.leading else 0)
@@ -148,14 +126,13 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
 
     install_signals()
     watch_stop = asyncio.Event()
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=conn.ssl_context, limit=0),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
-    )
+    # Watches hold their connection for minutes: a pool of their own (unbounded), so they
+    # never take the writers' places; the same credentials (one refresh serves both).
+    watch_client = kube.Client(kubeconfig, pool=0, timeout=config.request_timeout)
     watchers: list[asyncio.Task[Any]] = []
     kopf_stop: asyncio.Future[None] = loop.create_future()
     if informer_mode:
-        informers = _informers(config, conn, session, controller, health, silence)
+        informers = _informers(config, watch_client, controller, health, silence)
         for informer in informers:
             watchers.append(
                 asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")
@@ -168,12 +145,18 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
         if config.leader_election:
             controller.catch_up = catch_up
     else:
-        watchers.append(asyncio.create_task(_kopf(config, controller, kopf_stop, install_signals)))
+        watchers.append(
+            asyncio.create_task(
+                _kopf(
+                    config, kubeconfig, watch_client, controller, health, kopf_stop, install_signals
+                )
+            )
+        )
 
     elector: LeaderElector | None = None
     if config.leader_election:
         elector = LeaderElector(
-            kube=kube,
+            kube=port,
             clock=clock,
             namespace=config.leader_namespace,
             name=config.leader_lease,
@@ -190,14 +173,14 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     else:
         # Nothing else asks the API server regularly: read a Lease every 2 s, so a silence
         # of the API server is noticed from about when it began (silence.py).
-        pulse_task = pulse(kube, config.leader_namespace, config.leader_lease, stop)
+        pulse_task = pulse(port, config.leader_namespace, config.leader_lease, stop)
         core.append(asyncio.create_task(pulse_task, name="pulse"))
     log.info(
-        "agentq operator %s started (leader election %s, watcher %s, writer %s)",
+        "agentq operator %s started (leader election %s, watcher %s, credentials: %s)",
         config.identity,
         "on" if config.leader_election else "off",
         config.watcher,
-        config.writer,
+        kubeconfig.credentials.kind,
     )
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([*core, *watchers, stopper], return_when=asyncio.FIRST_COMPLETED)
@@ -216,8 +199,8 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     for task in [*core, *watchers]:
         task.cancel()
     await asyncio.gather(*core, *watchers, return_exceptions=True)
-    await session.close()
-    await kube.close()
+    await watch_client.close()
+    await port.close()
     log.info("agentq operator %s stopped", config.identity)
 
 
@@ -228,34 +211,72 @@ async def _bounded(awaitable: Awaitable[Any]) -> None:
 
 async def _kopf(
     config: OperatorConfig,
+    kubeconfig: kube.KubeConfig,
+    client: kube.Client,
     controller: Controller,
+    health: WatchHealth,
     stop_flag: asyncio.Future[None],
     install_signals: Any,
 ) -> None:
-    """kopf's watches (``--watcher kopf``), with our signal handlers put back after its own."""
+    """kopf's watches (``--watcher kopf``), with the informer's guarantees (kopfwatch.py)
+    and our signal handlers put back after its own."""
     import kopf
 
+    from agentq.operator import kopfwatch
     from agentq.operator.handlers import make_registry, make_settings
 
+    namespaces: list[str | None] = list(config.namespaces) or [None]
+    selector = protocol.LABEL_LEASE_KIND  # kopf selects on the label being present
+    targets = [
+        kopfwatch.Target(
+            plural, ns, _collection(plural, ns), selector if plural == "leases" else None
+        )
+        for plural in (TASK_PLURAL, WORKER_PLURAL, "leases")
+        for ns in namespaces
+    ]
+    synced = kopfwatch.SyncSignal(client, targets, controller.set_synced)
+
+    def past_kopf(plural: str, kind: str, body: Body, size: int) -> None:
+        controller.observe(plural, kind, body, size)
+        synced.note(plural, kind, body)
+
+    watch_health = kopfwatch.KopfWatchHealth(
+        health, [TASK_PLURAL, WORKER_PLURAL, "leases"], namespaces, feed=past_kopf
+    )
+    if config.leader_election:
+
+        async def catch_up() -> None:
+            def feed(body: Body) -> None:
+                controller.observe(TASK_PLURAL, "MODIFIED", body)
+
+            for target in targets:
+                if target.plural == TASK_PLURAL:
+                    await kopfwatch.catch_up(client, target.path, feed)
+
+        controller.catch_up = catch_up
     ready = asyncio.Event()
 
     async def after_ready() -> None:
         await ready.wait()
         install_signals()  # kopf replaced them with its own: take control back
-        # kopf does not say when its first lists are done; give them a moment.
-        await asyncio.sleep(3.0)
-        controller.set_synced()
+        await synced.run()
 
     helper = asyncio.create_task(after_ready())
     try:
-        await kopf.operator(
-            registry=make_registry(controller),
-            settings=make_settings(),
-            standalone=True,
-            clusterwide=not config.namespaces,
-            namespaces=list(config.namespaces),
-            stop_flag=stop_flag,
-            ready_flag=ready,
-        )
+        with watch_health.installed():
+            await kopf.operator(
+                registry=make_registry(controller, kubeconfig, synced.note),
+                settings=make_settings(),
+                standalone=True,
+                clusterwide=not config.namespaces,
+                namespaces=list(config.namespaces),
+                stop_flag=stop_flag,
+                ready_flag=ready,
+            )
     finally:
         helper.cancel()
+
+
+def _collection(plural: str, namespace: str | None) -> str:
+    group, version = ("coordination.k8s.io", "v1") if plural == "leases" else (GROUP, VERSION)
+    return kube.object_path(group, version, namespace, plural)

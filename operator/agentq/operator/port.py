@@ -2,17 +2,19 @@
 
 Like client-go's ``resourcelock.Interface`` and httpx's transport, this is the
 single seam between the controller's logic and the network: the production
-implementation is ``agentq.operator.rest.RestKube`` (aiohttp), the comparison
-one ``agentq.operator.kube.ThreadedKube`` (the kubernetes sync client in
-threads), and the unit tests drive the whole controller loop against
-``agentq.operator.fake.FakeKube`` with injected conflicts, 404s, refusals and
-timeouts.
+implementation is ``agentq.operator.rest.RestKube`` (on ``agentq.kube``, the
+one client of operator, sidecar and CLI), and the unit tests drive the whole
+controller loop against ``agentq.operator.fake.FakeKube`` with injected
+conflicts, 404s, refusals and timeouts.
 
 Bodies are plain JSON dicts as the API server sends them. A reply says how a
-write ended in the terms the controller decides by (``Status``); anything else
--- a timeout, a dropped connection, a 5xx, a 429 -- raises ``KubeError``: the
-outcome is unknown, so the controller drops its decision and decides again
-from what its watches show next.
+write ended in the terms the controller decides by (``Status``): done,
+conflict, gone, invalid, or forbidden -- refused for who we are (a 401 that a
+refreshed credential did not cure, a 403, or no credential to be had): nothing
+happened, and retrying the same request will not help until RBAC or the
+credentials change. Anything else -- a timeout, a dropped connection, a 5xx, a
+429 -- raises ``KubeError``: the outcome is unknown, so the controller drops
+its decision and decides again from what its watches show next.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class Status(enum.Enum):
     # 400 / 413 / 422, or etcd's "request is too large": this write can never succeed as
     # it is. The controller turns it into a visible state instead of retrying forever.
     INVALID = "invalid"
-    # 401 (the credentials refreshed and still refused) / 403: we may not do this (RBAC).
-    # A known refusal, not an unknown outcome: retried slowly, and said loudly.
+    # 401 after the credential was refreshed, 403, or no credential could be had: refused
+    # for who we are, nothing happened. A known outcome, never retried as an unknown one:
+    # the controller retries it slowly (REFUSED_SECONDS) and says so loudly.
     FORBIDDEN = "forbidden"
 
 
@@ -134,8 +137,8 @@ def reply_for(code: int, body: Any, text: str) -> Reply:
         return Reply(Status.CONFLICT, None, message)
     if code == 404:
         return Reply(Status.GONE, None, message)
-    if code in (401, 403):
-        return Reply(Status.FORBIDDEN, None, message)
     if code in (400, 413, 422) or "too large" in message:
         return Reply(Status.INVALID, None, message)
+    if code in (401, 403):
+        return Reply(Status.FORBIDDEN, None, f"HTTP {code}: {message}")
     raise KubeError(f"HTTP {code}: {message}", code)

@@ -1,78 +1,56 @@
-"""The production ``Kube`` port: the operator's few API calls on one aiohttp session.
+"""The production ``Kube`` port: the operator's few API calls on ``agentq.kube.Client``.
 
-Chosen by measurement over the kubernetes package's sync client in threads
-(``agentq.operator.kube``): no thread hand-off per call, no model
-(de)serialization, one pooled keep-alive connection set; see
-docs/benchmarks.md. Every call has a timeout (``request_timeout``); a call that
-times out raises ``KubeError`` -- its outcome is unknown and the controller
-re-decides from what it sees next.
+One pooled aiohttp session, no thread hand-off per call, no model
+(de)serialization (docs/benchmarks.md). Every call has a timeout (the
+client's); a call that gets no answer raises ``KubeError`` -- its outcome is
+unknown and the controller re-decides from what it sees next. A credential
+that cannot be had, or one the API server refuses even after a refresh, is a
+``Status.FORBIDDEN`` reply: nothing happened.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import urllib.parse
 from typing import Any
 
-import aiohttp
-
 from agentq import GROUP, VERSION, views
+from agentq.kube import MERGE_PATCH, Client, CredentialError, TransportError
 from agentq.models import TASK_PLURAL
-from agentq.operator.connection import Connection
-from agentq.operator.port import Body, KubeError, Reply, lease_path, object_path, reply_for
-
-MERGE_PATCH = "application/merge-patch+json"
+from agentq.operator.port import (
+    Body,
+    KubeError,
+    Reply,
+    Status,
+    lease_path,
+    object_path,
+    reply_for,
+)
 
 
 class RestKube:
-    """``agentq.operator.port.Kube`` over aiohttp."""
+    """``agentq.operator.port.Kube`` over ``agentq.kube.Client``."""
 
-    def __init__(
-        self, connection: Connection, *, pool: int = 32, request_timeout: float = 10.0
-    ) -> None:
-        self.connection = connection
-        self.timeout = aiohttp.ClientTimeout(total=request_timeout)
-        self._pool = pool
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self.connection.ssl_context, limit=self._pool),
-                timeout=self.timeout,
-                json_serialize=json.dumps,
-            )
-        return self._session
+    def __init__(self, client: Client) -> None:
+        self.client = client
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.close()
 
     async def _call(
         self, method: str, path: str, body: Any = None, *, content_type: str = "application/json"
     ) -> Reply:
-        headers = {**self.connection.headers(), "Accept": "application/json"}
-        data = None
-        if body is not None:
-            data = json.dumps(body, separators=(",", ":"))
-            headers["Content-Type"] = content_type
         try:
-            async with self.session.request(
-                method, self.connection.server + path, data=data, headers=headers
-            ) as rsp:
-                raw = await rsp.read()
-                code = rsp.status
-        except (TimeoutError, aiohttp.ClientError) as err:
-            raise KubeError(f"{method} {path}: {type(err).__name__}: {err}") from err
+            rsp = await self.client.request(method, path, body=body, content_type=content_type)
+        except TransportError as err:
+            raise KubeError(str(err)) from err
+        except CredentialError as err:
+            return Reply(Status.FORBIDDEN, None, f"no credential: {err}")
         try:
             # views.decode: a task's payload may be nested deeper than json.loads can go.
-            parsed = views.decode(raw) if raw else None
+            parsed = views.decode(rsp.raw) if rsp.raw else None
         except ValueError:
             parsed = None
-        return reply_for(code, parsed, raw[:2000].decode(errors="replace"))
+        return reply_for(rsp.status, parsed, rsp.raw[:2000].decode(errors="replace"))
 
     async def patch_status(
         self, plural: str, namespace: str, name: str, resource_version: str | None, patch: Body
@@ -126,9 +104,3 @@ class RestKube:
 
     async def create_event(self, namespace: str, body: Body) -> Reply:
         return await self._call("POST", object_path("", "v1", namespace, "events"), body)
-
-
-async def wait_closed(kube: RestKube) -> None:
-    """Close the session and give aiohttp's connector a moment to close its sockets."""
-    await kube.close()
-    await asyncio.sleep(0)

@@ -16,25 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
-from kubernetes.config.config_exception import ConfigException
-
-from agentq import GROUP, VERSION, protocol
+from agentq import GROUP, VERSION, kube, protocol
+from agentq.kube.sync import SyncClient
 from agentq.models import TASK_PLURAL, WORKER_PLURAL
 from agentq.ops.errors import Exit, OpsError
 
 Body = dict[str, Any]
-T = TypeVar("T")
 
 # (connect, read) seconds: a CLI should fail in seconds, not hang, when the server is gone.
 REQUEST_TIMEOUT = (5.0, 30.0)
-MERGE = "application/merge-patch+json"
+MERGE = kube.MERGE_PATCH
+RETRY_AFTER_MAX = 5.0  # the longest a verb waits on the API server's Retry-After, once
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 NO_CLUSTER_HINT = (
@@ -48,22 +45,24 @@ NO_CRDS_HINT = (
 )
 
 
-def _kubeconfig_files(explicit: str | None) -> list[Path]:
-    raw = explicit or os.environ.get("KUBECONFIG") or "~/.kube/config"
-    return [Path(p).expanduser() for p in raw.split(os.pathsep) if p]
+class Refused(Exception):
+    """The API server answered a call with an error status (mapped by ``_api_error``)."""
+
+    def __init__(self, status: int, body: Body, text: str) -> None:
+        super().__init__(f"{status}: {text[:200]}")
+        self.status = status
+        self.body = body
+        self.text = text
 
 
 class Cluster:
     """One API server, one default namespace, and the calls the ops verbs make."""
 
-    def __init__(self, api: client.ApiClient, *, namespace: str, source: str) -> None:
+    def __init__(self, api: SyncClient, *, namespace: str, source: str) -> None:
         self.api = api
         self.namespace = namespace
         self.source = source  # where the connection came from, for messages
-        self.server = str(api.configuration.host)
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.leases = client.CoordinationV1Api(api)
+        self.server = api.server
 
     @classmethod
     def connect(
@@ -75,21 +74,17 @@ class Cluster:
     ) -> Cluster:
         """Connect as kubectl would: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
         else the pod's service account. Raises ``OpsError(NO_CLUSTER)`` saying what to do."""
-        configuration = client.Configuration()
-        files = _kubeconfig_files(kubeconfig)
+        files = kube.config.kubeconfig_files(kubeconfig)
         in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-        default_ns: str | None = None
         if not any(f.exists() for f in files):
             if in_pod and kubeconfig is None and context is None:
-                try:
-                    config.load_incluster_config(client_configuration=configuration)
-                except ConfigException as err:
+                found = kube.in_cluster()
+                if found is None:
                     raise OpsError(
-                        f"cannot use the pod's service account: {err}", Exit.NO_CLUSTER
-                    ) from err
-                source = "the pod's service account"
-                if SERVICE_ACCOUNT_NAMESPACE.exists():
-                    default_ns = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+                        "cannot use the pod's service account: no token mounted",
+                        Exit.NO_CLUSTER,
+                    )
+                config = found
             else:
                 shown = os.pathsep.join(str(f) for f in files)
                 raise OpsError(
@@ -99,26 +94,16 @@ class Cluster:
         else:
             shown = os.pathsep.join(str(f) for f in files if f.exists())
             try:
-                config.load_kube_config(
-                    config_file=kubeconfig,
-                    context=context,
-                    client_configuration=configuration,
-                    persist_config=False,
-                )
-                contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
-            except (ConfigException, OSError, ValueError, TypeError) as err:
+                config = kube.from_kubeconfig(kubeconfig, context=context)
+            except (kube.ConfigError, OSError, ValueError, TypeError) as err:
                 raise OpsError(
                     f"cannot use kubeconfig {shown}: {err}. {NO_CLUSTER_HINT}", Exit.NO_CLUSTER
                 ) from err
-            chosen = next((c for c in contexts if c.get("name") == context), None) or active
-            default_ns = ((chosen or {}).get("context") or {}).get("namespace")
-            source = f"kubeconfig {shown}, context {(chosen or {}).get('name', '?')}"
-        # One quick retry for a dropped connection; a server that is down fails in seconds.
-        configuration.retries = 1
+        connect, read = REQUEST_TIMEOUT
         return cls(
-            client.ApiClient(configuration),
-            namespace=namespace or default_ns or "default",
-            source=source,
+            SyncClient(config, timeout=connect + read, connect=connect),
+            namespace=namespace or config.namespace or "default",
+            source=config.source,
         )
 
     def close(self) -> None:
@@ -126,43 +111,77 @@ class Cluster:
 
     # -- error mapping -------------------------------------------------------------------
 
-    def _call(self, call: Callable[..., T], *args: Any, what: str = "", **kwargs: Any) -> T:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        what: str = "",
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Body:
         """Run one API call; a failure becomes an ``OpsError`` with the right exit code."""
-        result = self._try(call, *args, what=what, **kwargs)
+        result = self._try(method, path, body, what=what, params=params, content_type=content_type)
         assert result is not None
         return result
 
     def _try(
         self,
-        call: Callable[..., T],
-        *args: Any,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
         what: str = "",
         tolerate: tuple[int, ...] = (),
-        **kwargs: Any,
-    ) -> T | None:
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Body | None:
         """``_call``, but None when the API server answers with a status in ``tolerate``."""
+        for attempt in (1, 2):
+            try:
+                rsp = self.api.request(
+                    method, path, body=body, params=params, content_type=content_type
+                )
+                if rsp.retry_after is not None and rsp.status in (429, 503) and attempt == 1:
+                    # "storage is (re)initializing" just after the CRDs were installed, or
+                    # a throttled request: the API server says when to ask again.
+                    time.sleep(min(rsp.retry_after, RETRY_AFTER_MAX))
+                    continue
+                break
+            except kube.TransportError as err:
+                # One quick retry for a dropped connection; a server that is down fails
+                # in seconds.
+                if attempt == 1:
+                    continue
+                raise OpsError(
+                    f"cannot reach the API server at {self.server} ({self.source}): {err}. "
+                    f"Is the cluster running? {NO_CLUSTER_HINT}",
+                    Exit.NO_CLUSTER,
+                ) from err
+            except kube.CredentialError as err:
+                raise OpsError(
+                    f"no credentials for the API server at {self.server} ({self.source}): "
+                    f"{err}. Log in again or pick another context.",
+                    Exit.NO_CLUSTER,
+                ) from err
+        text = rsp.raw.decode(errors="replace")
+        if rsp.ok:
+            decoded: Body = json.loads(rsp.raw) if rsp.raw else {}
+            return decoded
+        if rsp.status in tolerate:
+            return None
         try:
-            return call(*args, _request_timeout=REQUEST_TIMEOUT, **kwargs)
-        except ApiException as err:
-            if err.status in tolerate:
-                return None
-            raise self._api_error(err, what) from err
-        except (urllib3.exceptions.HTTPError, OSError) as err:
-            reason = getattr(err, "reason", None) or err
-            raise OpsError(
-                f"cannot reach the API server at {self.server} ({self.source}): {reason}. "
-                f"Is the cluster running? {NO_CLUSTER_HINT}",
-                Exit.NO_CLUSTER,
-            ) from err
-
-    def _api_error(self, err: ApiException, what: str) -> OpsError:
-        try:
-            status: Body = json.loads(err.body or "{}")
+            status_body = json.loads(rsp.raw) if rsp.raw else {}
         except ValueError:
-            status = {}
-        if not isinstance(status, dict):
-            status = {}
-        message = status.get("message") or err.reason or "no message"
+            status_body = {}
+        raise self._api_error(
+            Refused(rsp.status, status_body if isinstance(status_body, dict) else {}, text), what
+        )
+
+    def _api_error(self, err: Refused, what: str) -> OpsError:
+        status = err.body
+        message = status.get("message") or err.text.strip() or "no message"
         if err.status == 404:
             if (status.get("details") or {}).get("name"):
                 return OpsError(f"{what or 'object'} not found: {message}", Exit.NOT_FOUND)
@@ -195,34 +214,18 @@ class Cluster:
 
     def _get(self, plural: str, name: str, namespace: str | None) -> Body:
         ns = self._ns(namespace)
-        got: Body = self._call(
-            self.custom.get_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            ns,
-            plural,
-            name,
+        return self._call(
+            "GET",
+            kube.object_path(GROUP, VERSION, ns, plural, name),
             what=f"{plural[:-1]} {name!r} in namespace {ns!r}",
         )
-        return got
 
     def _list(
         self, plural: str, namespace: str | None, all_namespaces: bool, selector: str | None
     ) -> list[Body]:
-        kwargs: dict[str, Any] = {"label_selector": selector} if selector else {}
-        if all_namespaces:
-            listed = self._call(
-                self.custom.list_cluster_custom_object, GROUP, VERSION, plural, **kwargs
-            )
-        else:
-            listed = self._call(
-                self.custom.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self._ns(namespace),
-                plural,
-                **kwargs,
-            )
+        params = {"labelSelector": selector} if selector else None
+        ns = None if all_namespaces else self._ns(namespace)
+        listed = self._call("GET", kube.object_path(GROUP, VERSION, ns, plural), params=params)
         items: list[Body] = listed.get("items") or []
         return items
 
@@ -242,51 +245,42 @@ class Cluster:
         """The core/v1 Events recorded on ``obj`` (matched by UID, so not a namesake's)."""
         meta = obj.get("metadata") or {}
         listed = self._call(
-            self.core.list_namespaced_event,
-            self._ns(meta.get("namespace")),
-            field_selector=f"involvedObject.uid={meta.get('uid')}",
+            "GET",
+            kube.object_path("", "v1", self._ns(meta.get("namespace")), "events"),
+            params={"fieldSelector": f"involvedObject.uid={meta.get('uid')}"},
         )
-        events: list[Body] = self.api.sanitize_for_serialization(listed.items)
+        events: list[Body] = listed.get("items") or []
         return events
 
     def events(self, namespace: str | None = None) -> list[Body]:
         """Every core/v1 Event of a namespace (the demo's live feed)."""
-        listed = self._call(self.core.list_namespaced_event, self._ns(namespace))
-        events: list[Body] = self.api.sanitize_for_serialization(listed.items)
+        listed = self._call("GET", kube.object_path("", "v1", self._ns(namespace), "events"))
+        events: list[Body] = listed.get("items") or []
         return events
 
     def task_lease(self, task: Mapping[str, Any]) -> Body | None:
         """The claim's Lease ``agentq-task-<task>``, or None."""
         meta = task.get("metadata") or {}
-        lease = self._try(
-            self.leases.read_namespaced_lease,
-            protocol.task_lease_name(str(meta.get("name"))),
-            self._ns(meta.get("namespace")),
+        name = protocol.task_lease_name(str(meta.get("name")))
+        return self._try(
+            "GET",
+            kube.lease_path(self._ns(meta.get("namespace")), name),
             what="lease",
             tolerate=(404,),
         )
-        if lease is None:
-            return None
-        body: Body = self.api.sanitize_for_serialization(lease)
-        return body
 
     # -- writes --------------------------------------------------------------------------
 
     def set_paused(self, name: str, paused: bool, namespace: str | None = None) -> Body:
         """Set ``spec.paused`` of an AgentWorker (the cordon the operator honours)."""
         ns = self._ns(namespace)
-        updated: Body = self._call(
-            self.custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            ns,
-            WORKER_PLURAL,
-            name,
+        return self._call(
+            "PATCH",
+            kube.object_path(GROUP, VERSION, ns, WORKER_PLURAL, name),
             {"spec": {"paused": paused}},
             what=f"agentworker {name!r} in namespace {ns!r}",
-            _content_type=MERGE,
+            content_type=MERGE,
         )
-        return updated
 
     def request_requeue(self, task: Mapping[str, Any], request: str) -> Body | None:
         """Set the requeue annotation if ``task`` is unchanged since it was read.
@@ -301,16 +295,13 @@ class Cluster:
                 "annotations": {protocol.ANNOTATION_REQUEUE: request},
             }
         }
-        updated: Body | None = self._try(
-            self.custom.patch_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            self._ns(meta.get("namespace")),
-            TASK_PLURAL,
-            meta.get("name"),
+        return self._try(
+            "PATCH",
+            kube.object_path(
+                GROUP, VERSION, self._ns(meta.get("namespace")), TASK_PLURAL, str(meta.get("name"))
+            ),
             patch,
             what=f"agenttask {meta.get('name')!r}",
             tolerate=(409,),
-            _content_type=MERGE,
+            content_type=MERGE,
         )
-        return updated

@@ -13,7 +13,8 @@ import logging
 from typing import Any
 
 from agentq import GROUP, VERSION
-from agentq.sidecar.kubeapi import ApiError, Backoff, KubeApi, custom_path
+from agentq.kube import Backoff
+from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path
 
 log = logging.getLogger("agentq.sidecar.registration")
 

@@ -26,10 +26,11 @@ from pydantic import ValidationError
 
 from agentq import GROUP, VERSION, protocol
 from agentq.clock import Clock
+from agentq.kube import Backoff
 from agentq.models import AgentTaskSpec
 from agentq.sidecar.attempts import Attempt, Attempts
 from agentq.sidecar.changes import Changes
-from agentq.sidecar.kubeapi import ApiError, Backoff, KubeApi, custom_path, lease_path
+from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
 
 log = logging.getLogger("agentq.sidecar.watcher")
 

@@ -33,8 +33,9 @@ from typing import Any
 from agentq import protocol
 from agentq.clock import Clock, micro_rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
+from agentq.kube import Backoff
 from agentq.sidecar.attempts import slim
-from agentq.sidecar.kubeapi import ApiError, Backoff, KubeApi, lease_path
+from agentq.sidecar.kubeapi import ApiError, KubeApi, lease_path
 
 log = logging.getLogger("agentq.sidecar.worker_lease")
 

@@ -11,9 +11,9 @@ import asyncio
 import json
 from typing import Any
 
-from aiohttp import ClientSession, TCPConnector, web
+from aiohttp import web
 
-from agentq.operator.connection import Connection
+from agentq.kube import Client, Credentials, KubeConfig
 from agentq.operator.informer import Informer
 from harness import run
 
@@ -28,14 +28,17 @@ class Script:
     """Serves each LIST and each WATCH from a queue of canned answers."""
 
     def __init__(self) -> None:
-        self.lists: list[dict[str, Any]] = []
+        self.lists: list[dict[str, Any] | int] = []  # an int: that HTTP status
         self.watches: list[list[str] | int] = []
         self.requests: list[str] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(str(request.rel_url))
         if request.query.get("watch") != "1":
-            return web.json_response(self.lists.pop(0))
+            listed = self.lists.pop(0)
+            if isinstance(listed, int):
+                return web.json_response({"code": listed}, status=listed)
+            return web.json_response(listed)
         answer = self.watches.pop(0) if self.watches else []
         if isinstance(answer, int):
             return web.Response(status=answer)
@@ -80,10 +83,9 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
     events: list[tuple[str, str]] = []
     health: list[bool] = []
     synced: list[int] = []
-    session = ClientSession(connector=TCPConnector(ssl=False))
+    client = Client(KubeConfig(server=f"http://127.0.0.1:{port}", credentials=Credentials()))
     informer = Informer(
-        Connection(server=f"http://127.0.0.1:{port}", ssl_context=False),
-        session,
+        client,
         path=PATH,
         plural="agenttasks",
         on_event=lambda plural, kind, body, size: events.append((kind, body["metadata"]["name"])),
@@ -97,7 +99,7 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
         if informer.resource_version == "40":
             break
     task.cancel()
-    await session.close()
+    await client.close()
     await runner.cleanup()
     assert ("DELETED", "t2") in events, events
     assert events.index(("DELETED", "t2")) > events.index(("ADDED", "t2"))
@@ -107,3 +109,38 @@ async def test_a_relist_after_410_reports_what_vanished_as_deleted() -> None:
     assert len(synced) == 2 and health[-1] is True
     watches = [r for r in script.requests if "watch=1" in r]
     assert "resourceVersion=10" in watches[0] and "allowWatchBookmarks=true" in watches[0]
+
+
+@run
+async def test_a_list_restarted_after_a_410_on_its_continue_token_watches_from_the_new_list() -> (
+    None
+):
+    """The first page of a paginated LIST said version 10; its continue token then
+    expired (410) and the list started over, at version 30. The watch must resume from
+    30: from 10 it would replay (or, compacted, 410 again) what the second list holds."""
+    script = Script()
+    script.lists = [
+        {"metadata": {"resourceVersion": "10", "continue": "c1"}, "items": [obj("t1", "5")]},
+        410,
+        {"metadata": {"resourceVersion": "30"}, "items": [obj("t1", "25"), obj("t2", "26")]},
+    ]
+    runner, port = await serve(script)
+    client = Client(KubeConfig(server=f"http://127.0.0.1:{port}", credentials=Credentials()))
+    informer = Informer(
+        client,
+        path=PATH,
+        plural="agenttasks",
+        on_event=lambda plural, kind, body, size: None,
+        on_synced=lambda: None,
+        on_health=lambda ok: None,
+    )
+    task = asyncio.create_task(informer.run(asyncio.Event()))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if any("watch=1" in r for r in script.requests):
+            break
+    task.cancel()
+    await client.close()
+    await runner.cleanup()
+    watches = [r for r in script.requests if "watch=1" in r]
+    assert watches and "resourceVersion=30" in watches[0], script.requests

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import random
 from typing import Any
+
+import pytest
 
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
 from agentq.operator.leader import LeaderElector
+from agentq.operator.port import Status
 from builders import task
 from harness import NS, Harness, run
 
@@ -225,3 +229,18 @@ async def test_a_new_leader_reads_the_tasks_before_it_decides_when_its_watch_is_
     deliver()
     await b.settle()
     assert active_on(h, "w") == ["first"] and h.phase("second") == "Pending"
+
+
+@run
+async def test_a_refused_election_round_is_logged_and_leads_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 403 (or a 401 a fresh credential did not cure) used to raise as an unknown
+    outcome; now it is a FORBIDDEN reply: the round fails and says why."""
+    h = Harness()
+    e = elector(h, "a", h.controller)
+    h.kube.inject("get_lease", Status.FORBIDDEN)
+    with caplog.at_level(logging.WARNING, logger="agentq.leader"):
+        assert not await e.try_acquire_or_renew()
+    assert "leader election refused" in caplog.text
+    assert await e.try_acquire_or_renew()  # RBAC fixed: the next round leads

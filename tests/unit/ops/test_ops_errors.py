@@ -7,27 +7,25 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
+from agentq import kube
 from agentq.cli import main
+from agentq.kube.sync import SyncClient
 from agentq.ops.commands import Duration
 from agentq.ops.errors import Exit
-from agentq.ops.kube import Cluster
+from agentq.ops.kube import Cluster, Refused
 
 pytestmark = pytest.mark.unit
 
 
 def cluster() -> Cluster:
-    configuration = client.Configuration()
-    configuration.host = "https://127.0.0.1:6443"
-    return Cluster(client.ApiClient(configuration), namespace="ns", source="test")
+    config = kube.KubeConfig(server="https://127.0.0.1:6443", credentials=kube.Credentials())
+    return Cluster(SyncClient(config), namespace="ns", source="test")
 
 
-def failure(status: int, body: object) -> ApiException:
-    err = ApiException(status=status, reason="Reason")
-    err.body = body if isinstance(body, str) else json.dumps(body)
-    return err
+def failure(status: int, body: object) -> Refused:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return Refused(status, body if isinstance(body, dict) else {}, text)
 
 
 def test_a_missing_object_is_not_found() -> None:
@@ -98,3 +96,42 @@ def test_every_verb_lists_the_exit_codes_in_its_help() -> None:
         result = CliRunner().invoke(main, [verb, "--help"])
         assert result.exit_code == 0
         assert "Exit codes: 0 ok" in result.output, verb
+
+
+def test_a_429_with_retry_after_is_asked_once_more() -> None:
+    """Just after `kubectl apply -f crds/` the API server answers 429 "storage is
+    (re)initializing" with a Retry-After: the verbs wait it out once, as the kubernetes
+    client's one retry did (the demo's first listing failed without it)."""
+    import http.server
+    import threading
+
+    answers = [(429, b'{"message":"storage is (re)initializing"}'), (200, b'{"items":[]}')]
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = answers.pop(0) if len(answers) > 1 else answers[0]
+            self.send_response(status)
+            if status == 429:
+                self.send_header("Retry-After", "0.1")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    config = kube.KubeConfig(
+        server=f"http://127.0.0.1:{server.server_address[1]}", credentials=kube.Credentials()
+    )
+    ops = Cluster(SyncClient(config), namespace="ns", source="test")
+    try:
+        assert ops.tasks() == []
+    finally:
+        ops.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()

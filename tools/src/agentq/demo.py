@@ -234,7 +234,7 @@ class Demo:
         self.custom = client.CustomObjectsApi(self.api)
         self.core = client.CoreV1Api(self.api)
         self.extensions = client.ApiextensionsV1Api(self.api)
-        self.cluster = Cluster(self.api, namespace=namespace, source=f"kubeconfig {kubeconfig}")
+        self.cluster = Cluster.connect(kubeconfig=kubeconfig, namespace=namespace)
         self.procs: list[Proc] = []
         self.agents: dict[str, list[Proc]] = {}
         self.stage = ""
@@ -756,6 +756,7 @@ def main(
     except OpsError as err:
         raise click.ClickException(str(err)) from err
     finally:
+        demo.cluster.close()
         if not keep:
             demo.stop()
             if started_here:

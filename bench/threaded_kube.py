@@ -1,9 +1,10 @@
 """The comparison ``Kube`` port: the kubernetes package's sync client, in threads.
 
 This was the operator's only door to the API server before the aiohttp client
-(``agentq.operator.rest``) replaced it; it stays selectable (``--writer
-threads``) so ``make bench-load`` can measure the two side by side. Every call
-runs in a worker thread (``asyncio.to_thread``) so the event loop never blocks.
+(``agentq.operator.rest``) replaced it; comparison only, it lives in bench/ and
+runs through ``bench/threaded_operator.py`` (the ``threads`` variant of
+``make bench-load``). Every call runs in a worker thread (``asyncio.to_thread``)
+so the event loop never blocks.
 """
 
 from __future__ import annotations
