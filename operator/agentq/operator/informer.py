@@ -60,6 +60,7 @@ class Informer:
         on_health: Callable[[bool], None],
         label_selector: str | None = None,
         on_heard: Callable[[], None] | None = None,
+        keep: Callable[[Body], bool] | None = None,
     ) -> None:
         self.client = client
         # Called for every answer from the API server (a page, a watch line, a bookmark):
@@ -72,6 +73,8 @@ class Informer:
         self.on_synced = on_synced
         self.on_health = on_health
         self.label_selector = label_selector
+        # Whether to remember the object for a relist's deletions (default: all).
+        self.keep: Callable[[Body], bool] = keep or (lambda body: True)
         self.resource_version = ""
         self.known: dict[tuple[str, str], Body] = {}  # key -> a minimal body (for DELETED)
         self.relists = 0
@@ -205,7 +208,10 @@ class Informer:
     def _deliver(self, kind: str, body: Body, size: int) -> None:
         self.events += 1
         key = views.key_of(body)
-        if kind == "DELETED":
+        if kind == "DELETED" or not self.keep(body):
+            # (an object the controller keeps no record of -- a finished task -- is not
+            # remembered here either: a deletion missed while not watching is found by
+            # the cleanup's delete, a 404)
             self.known.pop(key, None)
         else:
             meta = body.get("metadata") or {}

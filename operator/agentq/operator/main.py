@@ -30,6 +30,7 @@ from agentq.operator.informer import Informer
 from agentq.operator.leader import LeaderElector
 from agentq.operator.port import Body, Kube
 from agentq.operator.silence import ApiSilence, HeardKube, pulse
+from agentq.operator.store import finished
 
 log = logging.getLogger("agentq.operator")
 LEASE_SELECTOR = "agentq.dev/lease in (task,worker)"
@@ -86,9 +87,15 @@ def _informers(
                     on_health=health_of,
                     label_selector=selector,
                     on_heard=silence.heard,
+                    keep=unfinished if plural == TASK_PLURAL else None,
                 )
             )
     return informers
+
+
+def unfinished(body: Body) -> bool:
+    """A task the controller keeps a record of (a finished one it does not: cleanup.py)."""
+    return not finished(body)
 
 
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
@@ -144,6 +151,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
 
         if config.leader_election:
             controller.catch_up = catch_up
+        controller.cleanup.relist = catch_up  # finished tasks over MAX_FINISHED, again
     else:
         watchers.append(
             asyncio.create_task(
@@ -254,6 +262,16 @@ async def _kopf(
                     await kopfwatch.catch_up(client, target.path, feed)
 
         controller.catch_up = catch_up
+
+    async def relist() -> None:
+        def feed(body: Body) -> None:
+            controller.observe(TASK_PLURAL, "MODIFIED", body)
+
+        for target in targets:
+            if target.plural == TASK_PLURAL:
+                await kopfwatch.catch_up(client, target.path, feed)
+
+    controller.cleanup.relist = relist  # finished tasks over MAX_FINISHED, again
     ready = asyncio.Event()
 
     async def after_ready() -> None:

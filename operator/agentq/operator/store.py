@@ -239,7 +239,7 @@ class Store:
         if record is not None and not newer(rv, record.view.resource_version):
             return record.view  # our own write's reply told us this already (or more)
         if record is None and self.task_tombstones.buried(key, rv):
-            if _finished(body):
+            if finished(body):
                 # Settled before and shown again (a relist): the cleanup may have let it go.
                 view = views.task_view(body, size=size)
                 if claims.settled(view):
@@ -395,7 +395,8 @@ class Store:
         return (t for t in self.tasks.values() if t.view.active)
 
 
-def _finished(body: Body) -> bool:
+def finished(body: Body) -> bool:
+    """Whether a task body shows a final phase (a cheap look, before any parsing)."""
     status = body.get("status")
     return isinstance(status, dict) and status.get("phase") in FINAL_PHASE_NAMES
 

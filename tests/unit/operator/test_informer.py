@@ -15,6 +15,7 @@ from aiohttp import web
 
 from agentq.kube import Client, Credentials, KubeConfig
 from agentq.operator.informer import Informer
+from agentq.operator.main import unfinished
 from harness import run
 
 PATH = "/apis/agentq.dev/v1alpha1/namespaces/ns/agenttasks"
@@ -144,3 +145,41 @@ async def test_a_list_restarted_after_a_410_on_its_continue_token_watches_from_t
     await runner.cleanup()
     watches = [r for r in script.requests if "watch=1" in r]
     assert watches and "resourceVersion=30" in watches[0], script.requests
+
+
+@run
+async def test_finished_tasks_are_not_remembered_for_the_relist() -> None:
+    """The controller keeps no record of a finished task, nor does the informer (its
+    memory for finished tasks stays bounded); an unfinished one it does remember."""
+    script = Script()
+    done = obj("done", "5", status={"phase": "Succeeded"})
+    script.lists = [{"metadata": {"resourceVersion": "10"}, "items": [obj("t1", "4"), done]}]
+    script.watches = [
+        [
+            json.dumps({"type": "MODIFIED", "object": obj("t1", "11", status={"phase": "Failed"})}),
+            json.dumps({"type": "BOOKMARK", "object": obj("", "12")}),
+        ]
+    ]
+    runner, port = await serve(script)
+    events: list[tuple[str, str]] = []
+    client = Client(KubeConfig(server=f"http://127.0.0.1:{port}", credentials=Credentials()))
+    informer = Informer(
+        client,
+        path=PATH,
+        plural="agenttasks",
+        on_event=lambda plural, kind, body, size: events.append((kind, body["metadata"]["name"])),
+        on_synced=lambda: None,
+        on_health=lambda ok: None,
+        keep=unfinished,
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(informer.run(stop))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if informer.resource_version == "12":
+            break
+    task.cancel()
+    await client.close()
+    await runner.cleanup()
+    assert ("ADDED", "done") in events and ("MODIFIED", "t1") in events
+    assert informer.known == {}, "neither the finished task nor the one that finished"
