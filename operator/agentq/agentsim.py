@@ -19,7 +19,7 @@ starts (``fence``) and writes its output under that key when the work is done,
 and writes and reports even if it was paused in between: the sink's fence and
 the sidecar's 409 are what stop a zombie, and this process shows both. Every
 event is one JSON line on stdout (``assigned``, ``sink-written``,
-``sink-refused``, ``reported``, ``lost``), for tests and people to read.
+``sink-refused``, ``reported``, ``lost``, ``revoked``), for tests and people to read.
 
 ``pair_commands`` builds the argv of a sidecar + agent-sim pair (one agent pod's
 two containers as processes), for the demo and the tests.
@@ -36,7 +36,7 @@ from typing import Any
 
 import click
 
-from agentq.agent import Assignment, LeaseLost, SidecarClient, SidecarUnavailable
+from agentq.agent import Assignment, Cancelled, LeaseLost, SidecarClient, SidecarUnavailable
 
 BEHAVIOURS = ("complete", "fail", "fatal", "hold", "hang", "stuck")
 _print_lock = threading.Lock()
@@ -140,6 +140,14 @@ class AgentSim:
     def _attempt(self, assignment: Assignment) -> None:
         try:
             self._behave(assignment)
+        except Cancelled as revoked:
+            emit(
+                "revoked",
+                task=assignment.task,
+                token=assignment.token,
+                reason=revoked.code,
+                fence=revoked.fence_token,
+            )
         except LeaseLost as lost:
             emit("lost", task=assignment.task, token=assignment.token, why=str(lost))
         except SidecarUnavailable as err:
@@ -152,6 +160,10 @@ class AgentSim:
             emit("hanging", task=a.task, token=a.token)
             return
         with self.client.hold(a, beat_seconds=self.beat_seconds) as lease:
+            if self.sink_url:
+                # A revoked claim (cancel, deadline) fences the task's key in the sink: this
+                # attempt's own later write is refused, even from a thread that did not hear.
+                lease.fence_on_revoke(_SinkFence(self.sink_url), a.task)
             if self.behaviour == "hold":
                 step = 0
                 while not self.stop.is_set():
@@ -206,6 +218,20 @@ class AgentSim:
                 return None
             emit(event, task=a.task, token=a.token, revision=record.revision)
             return str(sink.ref(a.task))
+
+
+class _SinkFence:
+    """Fences a key of the sink on a connection of its own (agent-sim keeps none open)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def fence(self, key: str, token: int) -> None:
+        from agentq.fencing import open_store
+
+        with open_store(self.url) as sink:
+            sink.fence(key, token)
+        emit("sink-fenced", task=key, token=token, why="revoked")
 
 
 @click.command("agent-sim")

@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from agentq.agent import Assignment, LeaseLost, SidecarClient, SidecarUnavailable
+from agentq.agent import Assignment, Cancelled, LeaseLost, SidecarClient, SidecarUnavailable
+from agentq.fencing import SQLiteFencedStore, StaleTokenError
 
 
 class FakeSidecar:
     def __init__(self) -> None:
         self.beats: list[dict[str, Any]] = []
         self.lost_after: int | None = None  # answer 409 from this beat on
+        self.lost_body: dict[str, Any] = {"error": "LeaseLost", "message": "reclaimed"}
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.remaining = 30.0
         self.unavailable_reports = 0  # answer this many reports 503 (the API server away)
@@ -69,7 +71,7 @@ class FakeSidecar:
                         self._cut()
                         return
                     if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
-                        self._answer(409, {"error": "LeaseLost", "message": "reclaimed"})
+                        self._answer(409, fake.lost_body)
                         return
                     self._answer(200, {**ASSIGNMENT, "leaseRemainingSeconds": fake.remaining})
                     return
@@ -222,3 +224,23 @@ def test_a_listing_the_sidecar_failed_to_answer_is_asked_again(fake: FakeSidecar
     handed = SidecarClient(fake.url).assignments(poll=0)
     assert next(handed).task == "job"
     assert fake.failed_listings == 0
+
+
+def test_a_revoked_claim_raises_cancelled_and_fences_the_registered_keys(
+    fake: FakeSidecar, tmp_path: Any
+) -> None:
+    fake.lost_after = 2
+    fake.lost_body = {"error": "Cancelled", "message": "the task was cancelled", "fenceToken": 42}
+    client = SidecarClient(fake.url)
+    with SQLiteFencedStore(str(tmp_path / "sink.db")) as sink:
+        sink.write("job", 41, {"part": 1})
+        with pytest.raises(Cancelled) as revoked, client.hold(Assignment.of(ASSIGNMENT)) as lease:
+            lease.fence_on_revoke(sink, "job")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                lease.check()  # raises once the heartbeat thread heard the 409
+                time.sleep(0.05)
+        assert isinstance(revoked.value, LeaseLost), "every agent that stops on LeaseLost stops"
+        assert revoked.value.code == "Cancelled" and revoked.value.fence_token == 42
+        with pytest.raises(StaleTokenError):
+            sink.write("job", 41, {"part": 2})  # this attempt's own later write

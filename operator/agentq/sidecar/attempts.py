@@ -19,8 +19,13 @@ The renewal rule (agent-gated; docs/agent-api.md):
 
 What the agent is told when it cannot go on is an ``AgentError`` with an HTTP
 status: 404 for a task this worker never held, 409 when the attempt's lease is
-lost or the token is not the attempt's (the agent must stop), 503 while the
+lost or the token is not the attempt's (the agent must stop), 409 ``Cancelled``
+or ``DeadlineExceeded`` when the operator revoked the claim, 503 while the
 sidecar does not hold its worker Lease.
+
+A revoked claim (the operator's ``agentq.dev/revoked`` on its Lease) is renewed no
+more and offered to no agent; once its agent has been told (or never beat for
+it), the sidecar lets the Lease go (``releasable``) and the operator ends the task.
 """
 
 from __future__ import annotations
@@ -54,6 +59,25 @@ class AgentError(Exception):
         return {"error": self.code, "message": self.message, **self.details}
 
 
+def revoked(task: str, token: int, reason: str) -> AgentError:
+    """The claim was revoked: ``reason`` is the error code (Cancelled, DeadlineExceeded).
+    ``fenceToken`` is above the attempt's: the agent fences its sink keys with it, so its
+    own later writes are refused (docs/fencing.md)."""
+    why = (
+        "the task's activeDeadlineSeconds passed"
+        if reason == protocol.REVOKE_DEADLINE
+        else "the task was cancelled"
+    )
+    return AgentError(
+        409,
+        reason,
+        f"the claim of task {task} (token {token}) is revoked: {why}; stop working on it",
+        task=task,
+        token=token,
+        fenceToken=token + 1,
+    )
+
+
 def lease_lost(task: str, token: int, reason: str) -> AgentError:
     return AgentError(
         409,
@@ -76,6 +100,7 @@ class LeaseView:
     task_uid: str | None
     resource_version: int | None
     duration: float | None
+    revoked: str | None = None  # why the operator revoked the claim
 
     @classmethod
     def of(cls, lease: Body) -> LeaseView | None:
@@ -110,7 +135,14 @@ class LeaseView:
             task_uid=str(uid) if uid else None,
             resource_version=_rv(lease),
             duration=float(duration) if isinstance(duration, int | float) else None,
+            revoked=_revoke_reason(annotations.get(protocol.ANNOTATION_REVOKED)),
         )
+
+
+def _revoke_reason(text: object) -> str | None:
+    if text is None:
+        return None
+    return text if text in protocol.REVOKE_REASONS else protocol.REVOKE_CANCELLED
 
 
 def _rv(body: Body) -> int | None:
@@ -146,6 +178,9 @@ class Attempt:
     writes: int = 0  # writes in flight or waiting (never two at once: they take a lock)
     retry_at: float = 0.0  # after a failed write: not before
     failures: int = 0
+    revoked: str | None = None  # the operator revoked the claim (why); renewed no more
+    told: bool = False  # the agent was answered that it is revoked
+    releasing: bool = False  # the Lease is being let go
 
     @property
     def expires_at(self) -> float:
@@ -159,7 +194,7 @@ class Attempt:
 
     def due_at(self) -> float | None:
         """When the next renewal is due, or None while none is wanted (see the module doc)."""
-        if self.state != "active" or self.writes or self.beat_at is None:
+        if self.state != "active" or self.writes or self.beat_at is None or self.revoked:
             return None
         if self.renewed_at is None:
             cadence = self.beat_at  # the first beat renews at once: the attempt is Running
@@ -195,12 +230,13 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Ended:
-    """A remembered attempt that is over: lost, or ended after its report."""
+    """A remembered attempt that is over: lost, or ended after its report, or revoked."""
 
     task: str
     token: int
     reason: str
     report: str | None = None
+    revoked: str | None = None
 
 
 @dataclass
@@ -235,6 +271,9 @@ class Attempts:
             if _newer(lease, known.lease):
                 known.lease = slim(lease)
             self._report_seen(known, lease)
+            if view.revoked is not None and known.revoked is None:
+                known.revoked = view.revoked
+                self.version += 1  # no longer offered
             return None
         if known is not None and known.token > view.token:
             return None  # an old event of an earlier grant
@@ -259,6 +298,7 @@ class Attempts:
             seen_at=now,
             lease=slim(lease),
             uid=view.task_uid,
+            revoked=view.revoked,
         )
         if view.duration:
             attempt.lease_seconds = view.duration
@@ -336,9 +376,15 @@ class Attempts:
         """The live attempt of ``task`` with ``token``, or the AgentError to answer."""
         attempt = self.current.get(task)
         if attempt is not None and attempt.token == token and attempt.state != "pending":
+            if attempt.revoked is not None and attempt.report is None:
+                attempt.told = True  # answered now: its Lease may be let go
+                self.version += 1
+                raise revoked(task, token, attempt.revoked)
             return attempt
         ended = self.ended.get((task, token))
         if ended is not None:
+            if ended.revoked is not None and ended.report is None:
+                raise revoked(task, token, ended.revoked)
             if ended.report is not None:
                 raise AgentError(
                     409,
@@ -419,9 +465,27 @@ class Attempts:
 
     def listing(self) -> list[Attempt]:
         return sorted(
-            (a for a in self.current.values() if a.state != "pending"),
+            (a for a in self.current.values() if a.state != "pending" and a.revoked is None),
             key=lambda a: (a.seen_at, a.task),
         )
+
+    def releasable(self) -> list[Attempt]:
+        """Revoked attempts whose Lease may be let go: the agent was told, or never beat
+        for it (it may not have started), and no write of it is under way."""
+        return [
+            a
+            for a in self.current.values()
+            if a.revoked is not None
+            and not a.releasing
+            and not a.writes
+            and a.report is None
+            and (a.told or a.beats == 0)
+        ]
+
+    def released(self, attempt: Attempt) -> None:
+        """Its Lease was let go (or is gone): the attempt is over."""
+        if self.current.get(attempt.task) is attempt:
+            self._end(attempt, f"the claim was revoked ({attempt.revoked}) and let go")
 
     # -- internals --------------------------------------------------------------------
 
@@ -443,7 +507,7 @@ class Attempts:
     def _end(self, attempt: Attempt, reason: str) -> None:
         del self.current[attempt.task]
         self.ended[(attempt.task, attempt.token)] = Ended(
-            attempt.task, attempt.token, reason, attempt.report
+            attempt.task, attempt.token, reason, attempt.report, attempt.revoked
         )
         while len(self.ended) > ENDED_MEMORY:
             self.ended.popitem(last=False)

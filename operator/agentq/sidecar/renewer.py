@@ -78,6 +78,11 @@ class Renewer:
                 # says when (``changes``), a second at most.
                 await self.changes.wait(1.0)
                 continue
+            for attempt in self.attempts.releasable():
+                attempt.releasing = True
+                task = asyncio.create_task(self._release(attempt))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
             for attempt in self.attempts.due(now):
                 due = attempt.due_at() or now
                 attempt.writes += 1  # scheduled: not due again until this write ends
@@ -131,6 +136,33 @@ class Renewer:
                 metrics.RENEWAL_LATENCY.observe(max(0.0, self.clock.monotonic() - due))
         finally:
             attempt.writes -= 1
+            self.changes.notify()
+
+    async def _release(self, attempt: Attempt) -> None:
+        """Let a revoked claim's Lease go (its holder cleared): the operator ends the task
+        at once instead of waiting for the lease to run out. If the write fails, it runs
+        out all the same (nothing renews it)."""
+        try:
+            async with self._lock(attempt), self._writes:
+                if self.attempts.current.get(attempt.task) is not attempt:
+                    return
+                try:
+                    await self._write(attempt, _let_go, counted=False)
+                except _Lost:
+                    pass  # gone already: over all the same
+                except Exception as err:
+                    log.warning("letting the revoked Lease of %s go failed: %s", attempt.task, err)
+                    await asyncio.sleep(min(1.0, attempt.heartbeat_seconds / 4))
+                    attempt.releasing = False  # tried again by the loop
+                    return
+                log.info(
+                    "task %s (token %s): revoked (%s); its Lease let go",
+                    attempt.task,
+                    attempt.token,
+                    attempt.revoked,
+                )
+                self.attempts.released(attempt)
+        finally:
             self.changes.notify()
 
     def _renewal(self, body: Body, progress: str | None) -> None:
@@ -260,6 +292,10 @@ class Renewer:
                 self._locks = {k: v for k, v in self._locks.items() if k in live or v.locked()}
             lock = self._locks[key] = asyncio.Lock()
         return lock
+
+
+def _let_go(body: Body) -> None:
+    body.setdefault("spec", {})["holderIdentity"] = None
 
 
 def _already_reported(attempt: Attempt) -> AgentError:

@@ -216,3 +216,58 @@ def test_describe_gives_the_agent_its_deadline_and_interval() -> None:
     assert described["heartbeatIntervalSeconds"] == 10.0
     assert described["token"] == 7 and described["payload"] == {"p": 1}
     assert described["worker"] == "w" and described["state"] == "active"
+
+
+def revoked_lease(reason: str = "Cancelled", **kw: Any) -> dict[str, Any]:
+    body = lease(**kw)
+    body["metadata"]["annotations"][protocol.ANNOTATION_REVOKED] = reason
+    return body
+
+
+def test_a_revoked_claim_is_renewed_no_more_offered_to_no_one_and_told_to_its_agent() -> None:
+    attempts = Attempts(namespace="ns", worker="w")
+    attempt = active(attempts)
+    attempts.beat("job", 7, None, 1.0)
+    assert attempt.due_at() is not None
+    assert attempts.releasable() == [], "the agent beat for it: it is told first"
+    attempts.observe(revoked_lease(rv=101), 2.0)
+    assert attempt.due_at() is None, "renewed no more"
+    assert attempts.listing() == []
+    assert attempts.releasable() == []
+    with pytest.raises(AgentError) as told:
+        attempts.beat("job", 7, None, 3.0)
+    err = told.value
+    assert (err.status, err.code) == (409, "Cancelled")
+    assert err.body()["fenceToken"] == 8
+    assert attempts.releasable() == [attempt]
+    attempts.released(attempt)
+    with pytest.raises(AgentError) as again:
+        attempts.find("job", 7)
+    assert (again.value.status, again.value.code) == (409, "Cancelled")
+
+
+def test_a_revoked_claim_its_agent_never_beat_for_is_let_go_at_once() -> None:
+    attempts = Attempts(namespace="ns", worker="w")
+    attempt = active(attempts)
+    attempts.observe(revoked_lease("DeadlineExceeded", rv=101), 1.0)
+    assert attempts.releasable() == [attempt]
+    with pytest.raises(AgentError) as told:
+        attempts.find("job", 7)
+    assert told.value.code == "DeadlineExceeded"
+
+
+def test_a_grant_seen_already_revoked_is_never_offered() -> None:
+    attempts = Attempts(namespace="ns", worker="w")
+    pending = attempts.observe(revoked_lease(), 0.0)
+    assert pending is not None
+    attempts.activate(pending, uid="uid-1", payload=None, lease_seconds=30, heartbeat_seconds=10)
+    assert attempts.listing() == [] and attempts.releasable() == [pending]
+
+
+def test_an_unknown_revoke_reason_reads_as_cancelled() -> None:
+    attempts = Attempts(namespace="ns", worker="w")
+    active(attempts)
+    attempts.observe(revoked_lease("because", rv=101), 1.0)
+    with pytest.raises(AgentError) as told:
+        attempts.find("job", 7)
+    assert told.value.code == "Cancelled"

@@ -17,9 +17,10 @@ Only the standard library (``urllib``), so it drops into any agent. Any other
 language uses the same API with plain HTTP.
 
 The heartbeat thread beats every third of the task's heartbeat interval. When
-the sidecar answers 409 (the lease was lost, or the token is stale) the lease is
-marked lost: the next ``progress()``, ``check()``, ``complete()`` or ``fail()``
-raises ``LeaseLost``. With ``hold(..., interrupt=True)`` the exception is also
+the sidecar answers 409 (the lease was lost, the token is stale, or the operator
+revoked the claim: ``Cancelled``, a ``LeaseLost``) the lease is marked lost: the
+next ``progress()``, ``check()``, ``complete()`` or ``fail()`` raises ``LeaseLost``.
+With ``hold(..., interrupt=True)`` the exception is also
 raised asynchronously in the thread that entered the ``with`` block (it arrives
 when that thread next runs Python code; a blocking C call finishes first). When
 the sidecar cannot be reached until past the lease deadline, the lease is
@@ -29,6 +30,7 @@ presumed lost too (the operator will have reclaimed it). ``complete()`` and
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import http.client
@@ -60,6 +62,23 @@ class AgentError(Exception):
 
 class LeaseLost(AgentError):
     """The attempt's lease is lost or its token is stale: stop working on it now."""
+
+
+class Cancelled(LeaseLost):
+    """The operator revoked the claim: the task was cancelled (``code`` ``Cancelled``) or
+    its activeDeadlineSeconds passed (``DeadlineExceeded``). Stop working on it.
+    ``fence_token`` is above the attempt's: the stores registered with
+    ``HeldLease.fence_on_revoke`` are fenced with it, so this attempt's own later writes
+    are refused."""
+
+    @property
+    def fence_token(self) -> int | None:
+        token = self.body.get("fenceToken")
+        return token if isinstance(token, int) and not isinstance(token, bool) else None
+
+
+# The 409 codes of a revoked claim (the sidecar's Cancelled / DeadlineExceeded).
+REVOKED_CODES = frozenset({"Cancelled", "DeadlineExceeded"})
 
 
 class LeaseLostInterrupt(LeaseLost):
@@ -168,7 +187,8 @@ class SidecarClient:
             code = str(decoded.get("error") or err.reason)
             message = str(decoded.get("message") or "")
             if err.code == 409:
-                raise LeaseLost(err.code, code, message, decoded) from None
+                kind = Cancelled if code in REVOKED_CODES else LeaseLost
+                raise kind(err.code, code, message, decoded) from None
             if err.code == 503:
                 raise SidecarUnavailable(f"503 {code}: {message}") from None
             raise AgentError(err.code, code, message, decoded) from None
@@ -288,6 +308,13 @@ class HeldLease:
             else assignment.lease_duration_seconds,
         )
         self._injected = False
+        self._fence: list[tuple[Any, tuple[str, ...]]] = []  # (store, keys) to fence
+
+    def fence_on_revoke(self, store: Any, *keys: str) -> None:
+        """When the claim is revoked (``Cancelled``), fence ``keys`` of ``store`` (an
+        ``agentq.fencing`` store) with the revocation's token: this attempt's later writes
+        to them are refused with StaleTokenError, even from a thread that did not hear."""
+        self._fence.append((store, keys))
 
     # -- context manager --------------------------------------------------------------------
 
@@ -405,6 +432,12 @@ class HeldLease:
             self._deadline = time.monotonic() + float(remaining)
 
     def _mark_lost(self, lost: LeaseLost, *, inject: bool) -> None:
+        if isinstance(lost, Cancelled) and lost.fence_token is not None:
+            for store, keys in self._fence:
+                for key in keys:
+                    # (a newer attempt fenced it already, or the store is away: nothing more)
+                    with contextlib.suppress(Exception):
+                        store.fence(key, lost.fence_token)
         with self._lock:
             if self.lost is None:
                 self.lost = lost
