@@ -327,8 +327,79 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
         "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"
     )
 
+    cancel_and_deadline(k)
+
     refusals(k)
     say("the agent pod's own token was refused for every foreign write")
+
+
+def cancel_and_deadline(k: Cluster) -> None:
+    """A cancel and a deadline on real pods: the running attempt's agent is told (its
+    container logs 'revoked') and the task ends, never dispatched again."""
+
+    def spec(**extra: Any) -> dict[str, Any]:
+        return {"requiredCapabilities": ["llm"], "leaseDurationSeconds": LEASE_SECONDS, **extra}
+
+    tasks = [
+        {
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "spec": spec(**extra),
+        }
+        for name, extra in (("to-cancel", {}), ("past-deadline", {"activeDeadlineSeconds": 5}))
+    ]
+    k.kubectl("apply", "-f", "-", input=to_yaml(tasks))
+
+    def running(name: str) -> dict[str, Any] | None:
+        task = next((t for t in k.tasks() if t["metadata"]["name"] == name), None)
+        return task if task is not None and phase(task) == "Running" else None
+
+    held = wait_for("the task to cancel to run", lambda: running("to-cancel"), 60, every=0.5)
+    k.kubectl(
+        "-n", NAMESPACE, "patch", "agenttask", "to-cancel", "--type=merge",
+        "-p", '{"spec":{"cancel":true}}',
+    )  # fmt: skip
+    started = time.monotonic()
+    done = wait_for(
+        "the cancelled task to end",
+        lambda: next(
+            (
+                t
+                for t in k.tasks()
+                if t["metadata"]["name"] == "to-cancel" and phase(t) == "Cancelled"
+            ),
+            None,
+        ),
+        LEASE_SECONDS + 15,
+        every=0.5,
+    )
+    took = time.monotonic() - started
+    worker = held["status"]["worker"]
+    logs = k.kubectl("-n", NAMESPACE, "logs", k.pod_of(worker).metadata.name, "-c", "agent")
+    told = [json.loads(line) for line in logs.splitlines() if '"revoked"' in line]
+    assert any(e.get("task") == "to-cancel" and e.get("reason") == "Cancelled" for e in told), told
+    assert done["status"]["history"][-1]["outcome"] == "Cancelled"
+    say(f"cancelled a running task on {worker}: its agent was told, Cancelled after {took:.1f}s")
+
+    failed = wait_for(
+        "the task past its deadline to fail",
+        lambda: next(
+            (
+                t
+                for t in k.tasks()
+                if t["metadata"]["name"] == "past-deadline" and phase(t) == "Failed"
+            ),
+            None,
+        ),
+        60,
+        every=0.5,
+    )
+    assert failed["status"]["error"]["reason"] == "DeadlineExceeded", failed["status"]
+    time.sleep(LEASE_SECONDS / 2)
+    after = {t["metadata"]["name"]: phase(t) for t in k.tasks()}
+    assert after["to-cancel"] == "Cancelled" and after["past-deadline"] == "Failed", after
+    say("a task past its activeDeadlineSeconds ended Failed (DeadlineExceeded); neither ran again")
 
 
 # Runs inside the agent pod, with nothing but what the kubelet mounted: the pod's
