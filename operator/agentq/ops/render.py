@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -67,7 +68,7 @@ def emit(data: Any, fmt: str) -> None:
 
 
 def phase_text(phase: str) -> Text:
-    return Text(phase, style=_PHASE_STYLE.get(phase, ""))
+    return plain(phase, _PHASE_STYLE.get(phase, ""))
 
 
 def _clock(moment: datetime.datetime | None) -> str:
@@ -79,6 +80,26 @@ def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return "<1s" if seconds < 1 else human_seconds(seconds)
+
+
+# C0 and C1 control characters but newline and tab: a terminal escape written by an agent
+# (a reason, a message, a result) must reach the operator's terminal as text, not act.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def safe(text: object) -> str:
+    """Untrusted text (an agent's, a user's) as plain printable text."""
+    return _CONTROL.sub("\N{REPLACEMENT CHARACTER}", str(text))
+
+
+def plain(text: object, style: str = "") -> Text:
+    """Untrusted text as a rich Text: never read as markup (``[link=...]``, ``[/]``)."""
+    return Text(safe(text), style=style)
+
+
+def add_row(table: Table, *cells: object) -> None:
+    """A table row whose str cells are plain text (rich would read them as markup)."""
+    table.add_row(*(cell if isinstance(cell, Text) else plain(cell) for cell in cells))
 
 
 def table(*columns: str) -> Table:
@@ -93,21 +114,21 @@ def table(*columns: str) -> Table:
 
 def explanation(exp: Explanation) -> RenderableType:
     head = Text.assemble(
-        (f"agenttask/{exp.name}", "bold"),
-        f"  (namespace {exp.namespace})\n  phase ",
+        (safe(f"agenttask/{exp.name}"), "bold"),
+        safe(f"  (namespace {exp.namespace})\n  phase "),
         phase_text(exp.phase),
         f" · attempt {exp.attempt} · reclaims {exp.reclaims}",
         f" · maxReclaims {exp.max_reclaims if exp.max_reclaims is not None else 'default'}",
         f" · token {exp.fencing_token if exp.fencing_token is not None else '-'}",
-        f" · worker {exp.worker or '-'}",
-        f" · requires {', '.join(exp.required) or '-'} · cost {exp.cost:g}",
+        safe(f" · worker {exp.worker or '-'}"),
+        safe(f" · requires {', '.join(exp.required) or '-'} · cost {exp.cost:g}"),
     )
     why = Text("\nWhy\n", style="bold")
     for finding in exp.findings:
         why.append(f"  {finding.code}: ", style=_FINDING_STYLE.get(finding.code, "bold"))
-        why.append(finding.message + "\n")
+        why.append(safe(finding.message) + "\n")
         if finding.hint:
-            why.append(f"    -> {finding.hint}\n", style="dim")
+            why.append(safe(f"    -> {finding.hint}") + "\n", style="dim")
     parts: list[RenderableType] = [head, why]
     if exp.timeline:
         attempts = table(
@@ -115,7 +136,8 @@ def explanation(exp: Explanation) -> RenderableType:
         )
         for row in exp.timeline:
             duration = row.duration(exp.now)
-            attempts.add_row(
+            add_row(
+                attempts,
                 str(row.attempt if row.attempt is not None else "-"),
                 row.worker or "-",
                 str(row.token if row.token is not None else "-"),
@@ -133,10 +155,11 @@ def explanation(exp: Explanation) -> RenderableType:
         events = table("TIME", "TYPE", "REASON", "MESSAGE")
         for event in exp.events:
             count = f" (x{event.count})" if event.count > 1 else ""
-            events.add_row(
+            add_row(
+                events,
                 _clock(event.time),
                 event.type,
-                Text(event.reason, style="red" if event.type == "Warning" else ""),
+                plain(event.reason, "red" if event.type == "Warning" else ""),
                 event.message + count,
             )
         parts += [Text("Events (UTC, oldest first)", style="bold"), events]
@@ -193,7 +216,7 @@ def fleet(view: FleetView, *, show_namespace: bool = False, live: bool = False) 
         ]
         if show_namespace:
             row.insert(0, w.namespace)
-        workers.add_row(*row)
+        add_row(workers, *row)
     parts += [Text(""), workers if view.workers else Text("no AgentWorkers")]
     queue_columns = [
         "QUEUE (REQUIRES)",
@@ -219,7 +242,7 @@ def fleet(view: FleetView, *, show_namespace: bool = False, live: bool = False) 
         ]
         if show_namespace:
             qrow.insert(0, q.namespace)
-        queues.add_row(*qrow)
+        add_row(queues, *qrow)
     parts += [Text(""), queues if view.queues else Text("queue: nothing Pending")]
     return Group(*parts)
 
