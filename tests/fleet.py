@@ -72,6 +72,21 @@ class ControlPlane:
         return config.new_client_from_config(config_file=self.kubeconfig)
 
 
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
+
+
+def install_crds(plane: ControlPlane) -> None:
+    """The AgentTask and AgentWorker CRDs, installed and Established."""
+    plane.kubectl("apply", "-f", str(CRD_DIR))
+    plane.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/agenttasks.agentq.dev",
+        "crd/agentworkers.agentq.dev",
+    )
+
+
 class Process:
     """A child process with its log file; stopped by pid."""
 

@@ -26,7 +26,8 @@ from corpus import TASKS, WORKERS, RawApi
 from fleet import ControlPlane
 from fuzzing import TASK_SPEC, WORKER_SPEC, specs
 
-pytestmark = pytest.mark.integration
+# The corpus is slow (make test, not make test-fast).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FUZZ = settings(
     max_examples=120,
