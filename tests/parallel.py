@@ -112,7 +112,11 @@ class Controller:
         node.workerinput[WORKERINPUT_KEY] = str(self.file)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> GroupScheduling:
+    def pytest_xdist_make_scheduler(
+        self, config: pytest.Config, log: Any
+    ) -> GroupScheduling | None:
+        if config.getvalue("dist") not in ("loadscope", "loadgroup"):
+            return None  # another way asked for (load, each, ...): xdist's own
         return GroupScheduling(config, log, self.dir)
 
     @pytest.hookimpl(optionalhook=True)

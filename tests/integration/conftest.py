@@ -100,13 +100,27 @@ def own_fleet(own_cluster: tuple[Cluster, ClusterState], tmp_path: Path) -> Iter
         fleet.close()
 
 
+@pytest.fixture(scope="session")
+def core_api(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    """The admin's core API client, in this process (a kubectl per call is a process)."""
+    api = control_plane.api_client()
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
 @pytest.fixture
-def namespace(control_plane: ControlPlane) -> Iterator[str]:
+def namespace(core_api: client.CoreV1Api) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    control_plane.kubectl("create", "namespace", name)
+    core_api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    try:
+        core_api.delete_namespace(name)  # returns at once; the namespace goes later
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 @pytest.fixture(scope="session")
