@@ -17,9 +17,11 @@ are the longest.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import NodeId
 
 import parallel
 
@@ -32,7 +34,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(parallel.Controller(), "agentq-parallel")
 
 
+def _unique_node_ids(items: list[pytest.Item]) -> None:
+    """schemathesis 4.32.5 under pytest 9.2 gives the item of each API operation the node
+    id of the test (only its name has the operation): xdist schedules by node id, so under
+    ``-n`` only the first operation ran, and reports counted the nine as one. Each such
+    item gets the id its name says (a private attribute of pytest's: no public way)."""
+    seen = Counter(item.nodeid for item in items)
+    for item in items:
+        if seen[item.nodeid] > 1 and item.parent is not None:
+            item._id = NodeId.parse(f"{item.parent.nodeid}::{item.name}")  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _unique_node_ids(items)
     for item in items:
         if not Path(item.path).is_relative_to(_HERE):
             continue  # e2e/test_scenario.py, collected with tests/node by make e2e
