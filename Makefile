@@ -7,10 +7,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-kopf chaos bench bench-load demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load demo demo-down clean
 
 help:
-	@echo "make test     set up everything, then run checks and the whole test suite"
+	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
+	@echo "make test-fast  unit tests and the in-memory harness only (no control plane; ~1 min)"
 	@echo "make demo     run agentq on the embedded control plane"
 	@echo "make chaos    the seeded 1,000-task chaos run (writes docs/reliability.md); SEED=n"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
@@ -103,14 +104,31 @@ unit: venv
 integration: venv system-deps controlplane
 	$(BIN)/pytest tests/integration
 
-# tests/node (real pods on a local node) run in `make e2e`.
+# Parallel runs (pytest-xdist): TEST_WORKERS processes against one shared control plane
+# and work handed out in groups (tests/parallel.py, tests/conftest.py). Most of
+# the suite waits on real time (leases, processes), so more workers than cores pay: 4
+# measured best on 2 cores (docs/testing.md). PYTEST_FLAGS adds options
+# (.ci/run: --durations=20).
+TEST_WORKERS ?= 4
+FAST_WORKERS ?= 2
+PYTEST_FLAGS ?=
+PARALLEL = --dist loadscope --no-loadscope-reorder
+
+# The fast tier: unit tests and the in-memory harness (tests/harness.py); no control
+# plane, no process of the product started.
+test-fast: venv
+	$(BIN)/pytest -m unit -n $(FAST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS) tests/unit tests/chaos sdk/tests
+
+# Everything but tests/node (real pods on a local node, `make e2e`): unit, integration
+# and slow, in parallel.
 test: venv system-deps controlplane check
-	$(BIN)/pytest -m "not node"
+	$(BIN)/pytest -m "not node" -n $(TEST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS)
 
 # The operator's liveness tests again with kopf's watches (--watcher kopf): both watcher
 # modes are held to the same guarantees (docs/operator.md); CI runs both.
 test-kopf: venv system-deps controlplane
-	AGENTQ_TEST_WATCHER=kopf $(BIN)/pytest tests/integration/test_operator_liveness.py
+	AGENTQ_TEST_WATCHER=kopf $(BIN)/pytest -n $(TEST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS) \
+	  tests/integration/test_operator_liveness.py
 
 # The seeded chaos run on its own embedded control plane (tests/chaos): 1,000 tasks,
 # faults of every kind; writes its figures into docs/reliability.md.

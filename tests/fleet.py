@@ -72,6 +72,21 @@ class ControlPlane:
         return config.new_client_from_config(config_file=self.kubeconfig)
 
 
+CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
+
+
+def install_crds(plane: ControlPlane) -> None:
+    """The AgentTask and AgentWorker CRDs, installed and Established."""
+    plane.kubectl("apply", "-f", str(CRD_DIR))
+    plane.kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/agenttasks.agentq.dev",
+        "crd/agentworkers.agentq.dev",
+    )
+
+
 class Process:
     """A child process with its log file; stopped by pid."""
 
@@ -419,7 +434,22 @@ class Fleet:
             {**self._env(), **extra},
         )
         self.processes.append(proc)
+        self._wait_started(proc)
         return proc
+
+    @staticmethod
+    def _wait_started(proc: Process, timeout: float = 120) -> None:
+        """Until the operator logged its start (its imports done, its watches starting),
+        or exited. A test's deadlines then measure the operator, not how long a starved
+        machine takes to start a Python process (10 s in a parallel run on 2 busy cores,
+        a test's whole budget for a lease to expire)."""
+        deadline = time.monotonic() + timeout
+        while "started" not in proc.text():
+            if proc.popen.poll() is not None:
+                return  # exited: the test reads why
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operator not started in {timeout}s:\n{proc.text()}")
+            time.sleep(0.05)
 
     def logs(self, tail: int = 40) -> str:
         out = []

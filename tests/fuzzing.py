@@ -150,3 +150,19 @@ def type_errors(schema: dict[str, Any], value: Any, path: str = "spec") -> list[
         for i, item in enumerate(value):
             out += type_errors(schema.get("items") or {}, item, f"{path}[{i}]")
     return out
+
+
+def unknown_fields(schema: dict[str, Any], value: Any, path: str = "spec") -> list[str]:
+    """Fields of ``value`` that ``schema`` does not declare, in the objects that declare
+    their properties: the API server refuses them (strict field validation) and the models
+    ignore them by design (agentq.models: an older operator must read a newer CRD's
+    objects)."""
+    out: list[str] = []
+    props = schema.get("properties")
+    if schema.get("type") == "object" and props is not None and isinstance(value, dict):
+        for name, sub in value.items():
+            if name not in props:
+                out.append(f"{path}.{name}")
+            else:
+                out += unknown_fields(props[name], sub, f"{path}.{name}")
+    return out

@@ -18,6 +18,8 @@ from chaos.plan import make_plan
 from chaos.report import summary
 from chaos.verify import Verdict
 
+pytestmark = pytest.mark.slow
+
 SEED = 20261129
 
 

@@ -3,28 +3,40 @@ kube-controller-manager as local processes) for the whole test session.
 
 The control plane is started once per session in a temporary state directory,
 tied to the test process (it dies with it, even on SIGKILL) and stopped by pid
-at the end. Set ``AGENTQ_TEST_KUBECONFIG`` to run against an already running
-cluster instead (for example one from ``agentq cluster up``).
+at the end; in a parallel run (``-n``) the xdist controller starts it once for
+all workers (``tests/parallel.py``). Set ``AGENTQ_TEST_KUBECONFIG`` to run
+against an already running cluster instead (for example one from ``agentq
+cluster up``).
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
+import parallel
 from agentq.controlplane import Cluster
 from agentq.controlplane.binaries import resolve
 from agentq.controlplane.cluster import ClusterState
-from fleet import ControlPlane, Fleet
+from fleet import ControlPlane, Fleet, install_crds
 from pgserver import PostgresServer, find_bin_dir
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+def control_plane(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    shared = parallel.shared_plane(request.config)
+    if shared is not None:
+        yield shared
+        return
     external = os.environ.get("AGENTQ_TEST_KUBECONFIG")
     if external:
         kubectl = str(resolve(build=True)["kubectl"])
@@ -72,43 +84,99 @@ def own_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Clus
 
 
 @pytest.fixture
-def namespace(control_plane: ControlPlane) -> Iterator[str]:
+def own_fleet(own_cluster: tuple[Cluster, ClusterState], tmp_path: Path) -> Iterator[Fleet]:
+    """A fleet in a fresh namespace of ``own_cluster`` (the module's own control plane)."""
+    _, state = own_cluster
+    fleet = Fleet(
+        kubeconfig=state.kubeconfig,
+        namespace=f"own-{uuid.uuid4().hex[:8]}",
+        workdir=tmp_path,
+        kubectl=state.binaries["kubectl"],
+    )
+    fleet.kubectl("create", "namespace", fleet.namespace)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture(scope="session")
+def core_api(control_plane: ControlPlane) -> Iterator[client.CoreV1Api]:
+    """The admin's core API client, in this process (a kubectl per call is a process)."""
+    api = control_plane.api_client()
+    try:
+        yield client.CoreV1Api(api)
+    finally:
+        api.close()
+
+
+@pytest.fixture
+def namespace(core_api: client.CoreV1Api) -> Iterator[str]:
     """A fresh namespace for one test, deleted (without waiting) afterwards."""
     name = f"t-{uuid.uuid4().hex[:10]}"
-    control_plane.kubectl("create", "namespace", name)
+    core_api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     yield name
-    control_plane.kubectl("delete", "namespace", name, "--wait=false", check=False)
-
-
-CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
-
-
-def install_crds(plane: ControlPlane) -> None:
-    """The AgentTask and AgentWorker CRDs, installed and Established."""
-    plane.kubectl("apply", "-f", str(CRD_DIR))
-    plane.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/agenttasks.agentq.dev",
-        "crd/agentworkers.agentq.dev",
-    )
+    try:
+        core_api.delete_namespace(name)  # returns at once; the namespace goes later
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 @pytest.fixture(scope="session")
-def agentq_crds(control_plane: ControlPlane) -> None:
+def agentq_crds(request: pytest.FixtureRequest, control_plane: ControlPlane) -> None:
     """The AgentTask and AgentWorker CRDs, installed and Established."""
-    install_crds(control_plane)
+    parallel.once(request.config, "crds", lambda: install_crds(control_plane))
 
 
 @pytest.fixture(scope="session")
-def agentq_installed(control_plane: ControlPlane, agentq_crds: None) -> None:
+def agentq_installed(
+    request: pytest.FixtureRequest, control_plane: ControlPlane, agentq_crds: None
+) -> None:
     """manifests/ (CRDs, namespace, RBAC, the admission policy), without the operator's
-    Deployment: its pods could not run on a control plane without a node."""
+    Deployment: its pods could not run on a control plane without a node. Returns once
+    the admission policy is in force."""
     from manifests import install_base, to_yaml
 
-    objects = [o for o in install_base(control_plane.kubectl_path) if o["kind"] != "Deployment"]
-    control_plane.kubectl("apply", "-f", "-", input=to_yaml(objects))
+    def install() -> None:
+        base = install_base(control_plane.kubectl_path)
+        objects = [o for o in base if o["kind"] != "Deployment"]
+        control_plane.kubectl("apply", "-f", "-", input=to_yaml(objects))
+        wait_policy_in_force(control_plane)
+
+    parallel.once(request.config, "agentq-installed", install)
+
+
+def wait_policy_in_force(control_plane: ControlPlane, timeout: float = 60) -> None:
+    """Until the API server enforces agentq-agent-writes: it loads a new policy some time
+    after the write (a test that ran at once saw a foreign write accepted). The probe is
+    a dry-run create of a Lease in another namespace than the account's, as an agent
+    account impersonated with group system:masters (so RBAC allows it and the policy alone
+    can refuse)."""
+    api = control_plane.api_client()
+    api.set_default_header("Impersonate-User", "system:serviceaccount:agentq-probe:agentq-agent-p")
+    api.set_default_header("Impersonate-Group", "system:masters")
+    leases = client.CoordinationV1Api(api)
+    probe = client.V1Lease(
+        metadata=client.V1ObjectMeta(
+            name="agentq-worker-p", labels={"agentq.dev/lease": "worker", "agentq.dev/worker": "p"}
+        ),
+        spec=client.V1LeaseSpec(holder_identity="p", lease_duration_seconds=10),
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                leases.create_namespaced_lease("default", probe, dry_run="All")
+            except ApiException as err:
+                if err.status == 403 and "agentq-agent-writes" in str(err.body):
+                    return
+                raise
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the admission policy is not in force after {timeout}s")
+            time.sleep(0.2)
+    finally:
+        api.close()
 
 
 @pytest.fixture

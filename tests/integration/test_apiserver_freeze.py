@@ -19,6 +19,9 @@ from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
 from fleet import Fleet
 
+# A control plane of its own: one such module at a time (see tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("own-cluster")]
+
 
 @pytest.mark.parametrize(
     ("freeze", "flags"),

@@ -32,7 +32,8 @@ from builders import task
 from corpus import Arena, Case, Puppet, cases_as_params, deep_text, running
 from fleet import ControlPlane
 
-pytestmark = pytest.mark.integration
+# The corpus is slow (make test, not make test-fast).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LEASE = 3  # seconds: every claim here is short, so expiry-driven cases stay quick
 BOUND = LEASE + 0.5 + 6  # lease + reconcile interval + margin for a loaded 2-core machine
@@ -695,7 +696,7 @@ def status_wiped(arena: Arena) -> None:
     new = p.wait_grant(name, timeout=BOUND + 20)
     assert new > token, f"token {new} reused after the status was wiped (was {token})"
     p.raw_report(name, zombie)
-    time.sleep(2)
+    arena.fleet.wait_reasons(name, {"StaleReportRefused": 1})  # seen, and refused
     assert arena.status(name).get("result") != "zombie"
     p.report(name, new, result={"by": "pa"})
     arena.fleet.wait_phase(name, "Succeeded", timeout=20)
@@ -710,7 +711,7 @@ def recreated_while_a_zombie_writes(arena: Arena) -> None:
     assert new > token, f"token {new} reused across delete and re-create (was {token})"
     zombie = {"token": token, "worker": "pa", "outcome": "Succeeded", "result": "zombie"}
     p.raw_report(name, json.dumps(zombie))
-    time.sleep(2)
+    arena.fleet.wait_reasons(name, {"StaleReportRefused": 1})  # seen, and refused
     assert arena.status(name).get("result") != "zombie"
     p.report(name, new, result={"by": "pa"})
     assert arena.fleet.wait_phase(name, "Succeeded", timeout=20)["status"]["result"] == {"by": "pa"}

@@ -25,7 +25,8 @@ from builders import task, worker
 from corpus import Arena, Case, Puppet, cases_as_params, running
 from fleet import ControlPlane, Fleet
 
-pytestmark = pytest.mark.integration
+# The corpus is slow (make test, not make test-fast).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LEASE = 3
 BOUND = LEASE + 0.5 + 6
@@ -81,14 +82,6 @@ def attempt_state(status: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
-def judged_unschedulable(status: dict[str, Any]) -> bool:
-    """Pending with the condition Unschedulable=True."""
-    return status.get("phase") == "Pending" and any(
-        c.get("type") == "Unschedulable" and c.get("status") == "True"
-        for c in status.get("conditions") or ()
-    )
-
-
 def unchanged(arena: Arena, name: str, seconds: float = 3) -> None:
     """The task's attempt does not move (no requeue, no new attempt) for ``seconds``."""
     before = attempt_state(arena.status(name))
@@ -114,31 +107,6 @@ def requeue_running(arena: Arena) -> None:
     arena.fleet.wait_phase(name, "Succeeded", timeout=20)
 
 
-def requeue_pending(arena: Arena) -> None:
-    name = arena.name("requeue-pending")
-    arena.create_task(task(name).requires("nobody-has-this"))
-    # Judged by the operator: Pending and Unschedulable. A new task's status is the CRD's
-    # default (phase Pending) until then, so a phase alone proves nothing.
-    arena.wait(
-        f"{name} judged unschedulable",
-        lambda: judged_unschedulable(arena.status(name)),
-        timeout=20,
-    )
-    requeue(arena, name, "by-hand-2")
-    unchanged(arena, name)
-    assert agentq_requeue(arena, name).returncode == 1
-    arena.delete_task(name)
-
-
-def requeue_succeeded(arena: Arena) -> None:
-    p, name, token = running(arena, "requeue-done")
-    p.report(name, token)
-    arena.fleet.wait_phase(name, "Succeeded", timeout=20)
-    requeue(arena, name, "by-hand-3")
-    unchanged(arena, name)
-    assert agentq_requeue(arena, name).returncode == 1
-
-
 def requeue_storm(arena: Arena) -> None:
     p, name, token = dead_lettered(arena, "storm")
     for i in range(40):
@@ -153,29 +121,6 @@ def requeue_storm(arena: Arena) -> None:
         p.report(name, new)
         arena.fleet.wait_phase(name, "Succeeded", timeout=20)
     assert arena.fleet.wait_reasons(name, {"Requeued": 1}).count("Requeued") == 1
-
-
-def requeue_held_storm(arena: Arena) -> None:
-    p = arena.puppets["pa"]
-    name = p.submit("held-storm", lambda b: b.on_expiry("Hold"), lease=LEASE)
-    token = p.wait_grant(name)
-    p.run(name, token)  # ... and never renews again
-    arena.fleet.wait_phase(name, "Held", timeout=BOUND)
-    for i in range(20):
-        requeue(arena, name, f"held-{i}")
-    new = p.wait_grant(name, after=token, timeout=30)
-    with p.renewing(name, new):
-        time.sleep(1)
-        history = arena.status(name).get("history") or []
-        assert sum(1 for h in history if h.get("outcome") == "Requeued") == 1, history
-        p.report(name, new)
-        arena.fleet.wait_phase(name, "Succeeded", timeout=20)
-
-
-def requeue_empty(arena: Arena) -> None:
-    _, name, _ = dead_lettered(arena, "requeue-empty")
-    requeue(arena, name, "")
-    unchanged(arena, name)
 
 
 def requeue_long_request(arena: Arena) -> None:
@@ -206,13 +151,12 @@ def requeue_long_request(arena: Arena) -> None:
         )
 
 
+# The decision table of requeues (on a Pending, Succeeded, DeadLettered or Held task, an
+# empty request, a storm on a Held task) is in tests/unit/operator/test_requeue_decisions.py;
+# here one real-process case per behaviour.
 REQUEUE_CASES = [
     Case("requeue-a-running-task", requeue_running),
-    Case("requeue-a-pending-task", requeue_pending),
-    Case("requeue-a-succeeded-task", requeue_succeeded),
     Case("requeue-storm-on-dead-lettered", requeue_storm),
-    Case("requeue-storm-on-held", requeue_held_storm),
-    Case("requeue-empty-request", requeue_empty),
     Case("requeue-request-over-256-chars", requeue_long_request),
 ]
 

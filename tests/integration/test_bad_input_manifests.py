@@ -34,7 +34,8 @@ from builders import INVALID_TASKS, INVALID_WORKERS, Invalid, task
 from corpus import TASKS, WORKERS, Arena, Case, RawApi, cases_as_params, deep_text
 from fleet import ControlPlane
 
-pytestmark = pytest.mark.integration
+# The corpus is slow (make test, not make test-fast).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 API = f"{GROUP}/{VERSION}"
 

@@ -28,7 +28,8 @@ from builders import task, worker
 from corpus import Arena, Case, cases_as_params, deep_text
 from fleet import ControlPlane, Process
 
-pytestmark = pytest.mark.integration
+# The corpus is slow (make test, not make test-fast).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LEASE = 5
 

@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentq.controlplane.cluster import pid_runs
 
 AGENTQ = str(Path(sys.executable).with_name("agentq"))
@@ -29,6 +31,8 @@ def agentq(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("own-cluster")
 def test_up_status_env_down_lifecycle(tmp_path: Path) -> None:
     state_dir = tmp_path / "cluster"
     started = agentq("up", state_dir=state_dir)

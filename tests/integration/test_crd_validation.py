@@ -87,12 +87,9 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(control_plane: Kubectl) -> Iterator[Cluster]:
-    """The CRDs applied (and left installed for other modules), in a fresh namespace."""
-    control_plane.kubectl("apply", "-f", str(CRDS))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in CRD_NAMES)
-    )
+def cluster(control_plane: Kubectl, agentq_crds: None) -> Iterator[Cluster]:
+    """The CRDs applied (``agentq_crds``: once for all workers of a parallel run, as two
+    applies at once can race to create them), in a fresh namespace."""
     namespace = f"crd-{uuid.uuid4().hex[:8]}"
     control_plane.kubectl("create", "namespace", namespace)
     yield Cluster(control_plane, namespace)

@@ -311,6 +311,8 @@ def _cluster(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("own-cluster")
 def test_watch_alert_fires_when_the_api_server_dies(
     tmp_path: Path, start_prometheus: Callable[[str], Prometheus]
 ) -> None:

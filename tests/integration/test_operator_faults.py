@@ -6,7 +6,8 @@ Succeeded entry in its history, from its final attempt's token -- and none is lo
 
 ``make test`` runs the short form (200 tasks); the full form of the issue is
 ``AGENTQ_FAULT_TASKS=1000 pytest tests/integration/test_operator_faults.py`` (about
-three times as long). ``AGENTQ_FAULT_SEED`` picks another schedule of faults.
+three times as long). ``AGENTQ_FAULT_SEED`` picks another schedule of faults. On a
+control plane of its own, as it restarts the API server.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ from typing import Any
 
 import pytest
 
+from agentq.controlplane import Cluster
+from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
-from fleet import ControlPlane, Fleet, Process
+from fleet import Fleet, Process
+
+# It restarts the API server: on a control plane of its own (see tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("own-cluster")]
 
 SEED = int(os.environ.get("AGENTQ_FAULT_SEED", "7"))
 TASKS = int(os.environ.get("AGENTQ_FAULT_TASKS", "200"))
@@ -49,10 +55,10 @@ def listed(fleet: Fleet) -> list[dict[str, Any]] | None:
 
 @pytest.mark.timeout(1800)
 def test_every_task_ends_exactly_once_through_operator_kills_an_apiserver_restart_and_agent_faults(
-    fleet: Fleet, control_plane: ControlPlane
+    own_cluster: tuple[Cluster, ClusterState], own_fleet: Fleet
 ) -> None:
-    if control_plane.cluster is None:
-        pytest.skip("restarts the API server: needs the embedded control plane")
+    cluster, _ = own_cluster
+    fleet = own_fleet
     rng = random.Random(SEED)
     names = [f"w{i}" for i in range(WORKERS)]
     agents: dict[str, Process] = {}
@@ -103,7 +109,7 @@ def test_every_task_ends_exactly_once_through_operator_kills_an_apiserver_restar
 
     def restart_apiserver() -> None:
         started = time.monotonic()
-        control_plane.cluster.restart("kube-apiserver", down_seconds=2)
+        cluster.restart("kube-apiserver", down_seconds=2)
         log.append(f"restarted kube-apiserver ({time.monotonic() - started:.1f}s)")
 
     faults: list[tuple[float, Callable[[], None]]] = sorted(

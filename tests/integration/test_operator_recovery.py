@@ -117,7 +117,10 @@ def test_two_replicas_one_leader_and_failover_within_a_lease(fleet: Fleet) -> No
     fleet.agent("a", "complete", work_seconds=0.2)
     flags = ("--leader-election", "--leader-lease-seconds", "4")
     first = fleet.operator(*flags)
-    time.sleep(1.5)
+    deadline = time.monotonic() + 30
+    while not fleet.leader():  # the first has the lead before the second starts
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.1)
     second = fleet.operator(*flags)
     fleet.add_task(task("before").requires("llm"))
     fleet.wait_phase("before", "Succeeded", timeout=30)

@@ -15,10 +15,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentq.controlplane import Cluster
 from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
 from fleet import Fleet
+
+# A control plane of its own: one such module at a time (see tests/conftest.py).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("own-cluster")]
 
 
 def restart_apiserver(cluster: Cluster, state: ClusterState, down_seconds: float) -> None:
