@@ -368,3 +368,38 @@ def test_a_worker_that_does_not_parse_is_left_out() -> None:
 )
 def test_human_seconds(seconds: float, text: str) -> None:
     assert human_seconds(seconds) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "could not open [/data/out.json]",
+        "[link=https://evil.example]click[/link]",
+        "[/]",
+        "colour \x1b[31mred\x1b[0m and a bell \x07",
+    ],
+)
+def test_agent_written_text_is_printed_as_text(text: str) -> None:
+    """A reason written by an agent is neither rich markup (a MarkupError ended explain
+    in a traceback) nor terminal escapes reaching the operator's terminal."""
+    import io
+
+    from rich.console import Console
+
+    from agentq.ops import render
+
+    story = Story().grant("w", -10).start(-9).fail_terminal(-5)
+    status = story.status
+    status["error"] = {"reason": text, "message": text, "retryable": False}
+    status["history"][-1]["reason"] = text
+    exp = why(
+        task(status=status),
+        [worker("w", "llm")],
+        [event("Failed", text, -5, kind="Warning")],
+    )
+    out = io.StringIO()
+    Console(file=out, width=200, no_color=True).print(render.explanation(exp))
+    printed = out.getvalue()
+    assert "\x1b" not in printed and "\x07" not in printed
+    visible = render.safe(text)
+    assert visible in printed.replace("\n", "") or visible[:40] in printed
