@@ -153,6 +153,9 @@ class Seen:
     grace_deadline: float | None = None
     progress_written_at: float | None = None
     report_refused: bool = False
+    # The highest fencing token any operator issued (None: not known yet): a status token
+    # above it was written by someone else.
+    token_ceiling: int | None = None
     # When activeDeadlineSeconds passes, on our clock (None: no deadline, or not started).
     deadline_at: float | None = None
     # When the claim's Lease was first seen revoked, on our clock.
@@ -308,6 +311,25 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
             ),
             lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
             unprocessable=("AgentTask", task.problem.reason),
+        )
+    # 1b. a fencing token no operator issued: nothing of this task can be trusted
+    token = status.fencing_token or 0
+    if seen.token_ceiling is not None and token > seen.token_ceiling:
+        if phase is not None and phase.is_final:
+            return Decision(lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP)
+        return Decision(
+            transition=lifecycle.unprocessable(
+                status,
+                reason="FencingTokenForged",
+                message=(
+                    f"status.fencingToken {token} is above every token the operator issued "
+                    f"({seen.token_ceiling}): it was written by someone else; the task is not "
+                    "granted again (agentq requeue after deleting and re-creating it)"
+                ),
+                now=seen.wall,
+            ),
+            lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
+            unprocessable=("AgentTask", "FencingTokenForged"),
         )
     # 2. a Lease of an earlier task of this name
     if lease is not None and lease_foreign(task, lease):

@@ -62,6 +62,7 @@ __all__ = [
     "MAX_NAME_LENGTH",
     "MAX_PAYLOAD_KEYS",
     "MAX_SPAN_SECONDS",
+    "MAX_TOKEN",
     "MIN_WEIGHT",
     "REQUEUABLE_PHASES",
     "TASK_PLURAL",
@@ -110,6 +111,8 @@ MIN_WEIGHT = 0.001
 # Top-level keys of a task's payload (the CRD's maxProperties; deeper limits cannot
 # be expressed in a CRD schema and are the operator's, see agentq.protocol).
 MAX_PAYLOAD_KEYS = 128
+# Fencing tokens in a status: at most 2^53-1, an integer every JSON reader keeps exact.
+MAX_TOKEN = 2**53 - 1
 # activeDeadlineSeconds and ttlSecondsAfterFinished: at most a year.
 MAX_SPAN_SECONDS = 31_536_000
 
@@ -461,7 +464,7 @@ class AttemptRecord(_StatusModel):
     """One entry of ``AgentTask.status.history``: the end of an attempt, or a requeue."""
 
     worker: ObjectName | None = None
-    token: int | None = Field(default=None, ge=0)
+    token: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
     attempt: int | None = Field(default=None, ge=0)
     outcome: AttemptOutcome
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
@@ -476,7 +479,7 @@ class AgentTaskStatus(_StatusModel):
     worker: ObjectName | None = None
     attempt: int | None = Field(default=None, ge=0)
     reclaims: int | None = Field(default=None, ge=0)
-    fencing_token: int | None = Field(default=None, ge=0)
+    fencing_token: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
     lease_name: Annotated[str, StringConstraints(max_length=253)] | None = None
     assigned_at: AwareDatetime | None = None
     start_time: AwareDatetime | None = None  # the first grant: activeDeadlineSeconds counts

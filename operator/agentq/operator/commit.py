@@ -45,6 +45,20 @@ __all__ = ["Committer", "involved"]
 
 log = logging.getLogger("agentq.controller")
 
+# The reasons the operator gives a failed attempt itself (agentq_reclaims_total{reason});
+# any other is an agent's report ("Reported").
+OPERATOR_REASONS = frozenset(
+    {
+        "LeaseExpired",
+        "LeaseReleased",
+        "LeaseTampered",
+        "ProgressDeadlineExceeded",
+        "InvalidReport",
+        "StatusRefused",
+        "Unknown",
+    }
+)
+
 
 class Committer:
     """Applies decisions through the request gate (see the module docstring)."""
@@ -304,7 +318,8 @@ class Committer:
         phase = transition.phase
         if transition.reason in ("Reclaimed", "DeadLettered"):
             reason = str((transition.patch.get("error") or {}).get("reason") or "Unknown")
-            metrics.RECLAIMS.labels(reason).inc()
+            # An agent's reason is free text: a label from a bounded set, always.
+            metrics.RECLAIMS.labels(reason if reason in OPERATOR_REASONS else "Reported").inc()
         if phase is TaskPhase.DEAD_LETTERED:
             metrics.DEAD_LETTERS.labels(task.namespace).inc()
         if phase is TaskPhase.HELD:

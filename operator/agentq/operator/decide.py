@@ -49,6 +49,7 @@ class Decider:
         stats: Stats,
         write_concurrency: int,
         credits: Callable[[], int],
+        token_ceiling: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -62,6 +63,7 @@ class Decider:
         self.stats = stats
         self.write_concurrency = write_concurrency
         self.credits = credits
+        self.token_ceiling = token_ceiling  # the highest fencing token issued, if known
 
     def decide_dirty(self) -> None:
         # Decisions in flight, not every write: the Lease deletes and Events that follow a
@@ -152,6 +154,7 @@ class Decider:
             report_refused=refused,
             deadline_at=deadline_end(record, now=now, wall=wall),
             revoked_at=lease.revoked_at if lease is not None else None,
+            token_ceiling=self.token_ceiling(),
         )
 
     # -- deadlines ----------------------------------------------------------------------

@@ -36,7 +36,7 @@ from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.operator.publish import Publisher
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, Retries, Stats
+from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, Agenda, Retries, Stats
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
 from agentq.views import TaskView
 
@@ -60,6 +60,7 @@ class Dispatcher:
         leases: ClaimLeases,
         retries: Retries,
         publisher: Publisher,
+        agenda: Agenda,
         clock: Clock,
         stats: Stats,
         batch: int,
@@ -73,6 +74,7 @@ class Dispatcher:
         self.leases = leases
         self.retries = retries
         self.publisher = publisher
+        self.agenda = agenda
         self.clock = clock
         self.stats = stats
         self.batch = batch  # most grants in flight at once (DISPATCH_BATCH)
@@ -114,6 +116,10 @@ class Dispatcher:
                     queue.pop(namespace, required)
                     continue
                 task = record.view
+                if self.tokens.forged(task.status.fencing_token or 0):
+                    queue.pop(namespace, required)  # decided (Failed): not granted
+                    self.agenda.decide(key)
+                    continue
                 token = self.tokens.take(task.status.fencing_token or 0)
                 if token is None:
                     self._refill_tokens()

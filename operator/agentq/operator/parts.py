@@ -167,6 +167,7 @@ def wire(
         stats=stats,
         write_concurrency=config.write_concurrency,
         credits=lambda: blind.credits,
+        token_ceiling=lambda: tokens.issued,
     )
     dispatcher = Dispatcher(
         store=store,
@@ -178,6 +179,7 @@ def wire(
         leases=leases,
         retries=retries,
         publisher=publisher,
+        agenda=agenda,
         clock=clock,
         stats=stats,
         batch=config.dispatch_batch,

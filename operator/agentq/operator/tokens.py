@@ -40,11 +40,21 @@ class TokenAllocator:
         self._next = 1
         self._last = 0  # the current block is [_next, _last]; empty when _next > _last
         self._refill: asyncio.Task[None] | None = None
+        # The highest token any operator may have issued (the durable ceiling as of our
+        # last reservation); None until then. A status token above it was written by
+        # someone else: it must not drag every later token up (``forged``).
+        self.issued: int | None = None
 
     def observe(self, token: int | None) -> None:
-        """A token seen in a task status: every later block starts above it."""
-        if token is not None and token > self.floor:
-            self.floor = token
+        """A token seen in a task status: every later block starts above it (unless it is
+        above every token issued: forged, ignored)."""
+        if token is None or token <= self.floor or self.forged(token):
+            return
+        self.floor = token
+
+    def forged(self, token: int) -> bool:
+        """Above every token any operator issued: written by someone else."""
+        return self.issued is not None and token > self.issued
 
     def reset(self) -> None:
         """Forget the current block (leadership changed hands)."""
@@ -96,7 +106,18 @@ class TokenAllocator:
                 annotations: dict[str, str] = meta.get("annotations") or {}
                 meta["annotations"] = annotations
                 ceiling = protocol.parse_token(annotations.get(ANNOTATION_CEILING)) or 0
-                first, last = claims.reserve_tokens(ceiling, self.floor, self.block)
+                floor = self.floor
+                if floor > ceiling:
+                    # Every token issued is at most the ceiling: one above it in a status
+                    # was written by someone else. Not followed (it could be 2^63-1).
+                    log.warning(
+                        "a task status shows fencing token %d, above every token issued (%d):"
+                        " ignored",
+                        floor,
+                        ceiling,
+                    )
+                    self.floor = floor = ceiling
+                first, last = claims.reserve_tokens(ceiling, floor, self.block)
                 annotations[ANNOTATION_CEILING] = str(last)
                 body.setdefault("spec", {})["renewTime"] = now
                 reply = await self.kube.replace_lease(self.namespace, self.name, body)
@@ -104,6 +125,7 @@ class TokenAllocator:
                 raise KubeError(f"cannot read the token counter: {got.status} {got.message}")
             if reply.ok:
                 self._next, self._last = first, last
+                self.issued = last
                 log.info("reserved fencing tokens %d..%d", first, last)
                 return
             if reply.status is not Status.CONFLICT:
