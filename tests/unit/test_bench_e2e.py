@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import e2e_bench
+import soak
 from e2e_common import (
     Recorder,
     next_grants,
@@ -78,6 +79,17 @@ def test_recorder_counts_a_second_commit_and_every_grant() -> None:
     assert t.successes == 2 and t.history_successes == 2
     assert t.committed == 2.0 and t.granted == 1.0 and t.worker == "w1"
     assert [g[:2] for g in rec.grants] == [(1.0, "w0"), (3.0, "w1")]
+    assert soak.verdict(rec, ["a"])["committed_twice"] == 1
+
+
+def test_verdict_tells_lost_from_ended_otherwise() -> None:
+    rec = recorder()
+    rec._task("MODIFIED", task("ok", "Succeeded"), 1.0)
+    rec._task("MODIFIED", task("dead", "DeadLettered"), 1.0)
+    rec._task("MODIFIED", task("stuck", "Running", worker="w0", attempt=1), 1.0)
+    v = soak.verdict(rec, ["ok", "dead", "stuck", "never-seen"])
+    assert (v["succeeded"], v["lost"], v["ended_otherwise"], v["committed_twice"]) == (1, 2, 1, 0)
+    assert v["lost_examples"] == ["stuck", "never-seen"]
 
 
 def test_percentile_interpolates_and_ignores_missing() -> None:
@@ -114,6 +126,8 @@ def test_slope_per_hour_and_its_error() -> None:
     noisy = [(t * 60.0, 5.0 + (1 if t % 2 else -1)) for t in range(10)]
     slope, se = slope_per_hour(noisy)
     assert abs(slope) < 2 * se
+    assert soak.flat(slope, se, 5.0, 0.15) == "yes"
+    assert soak.flat(120.0, 1.0, 10.0, 1.0) == "**no**"
     assert math.isnan(slope_per_hour(line[:2])[0])
 
 
