@@ -43,6 +43,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -725,6 +726,9 @@ async def agentq_run(
     }
     for proc in reversed(rig.procs):
         proc.stop()
+    rig.procs.clear()
+    rig.pairs.clear()
+    rig.operator = None
     await quiet(rig.api, activity, limit=60.0)
     return phases, idle, sample
 
@@ -852,7 +856,8 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
         f"of {result['slots']} slots. The backlog: {len(backlog.names)} no-op tasks created at "
         "once by 8 clients; throughput is counted between the first and the last 10 % of "
         "completions. The ceiling: a plain aiohttp client, 32 tasks at a time, making exactly "
-        "the writes of one task's life in agentq, in the same run (before and after agentq). "
+        "the writes of one task's life in agentq, in the same run (before and after agentq; "
+        "the minimal life, without the Running status and Event, right after the first). "
         "CPU and requests per task are net of what the idle fleet (or the idle control "
         "plane, for the ceiling) uses in the same time. All figures of one run.",
         "",
@@ -879,6 +884,19 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
             f"{fmt(ceil.cpu_ms['kube-controller-manager'])} | - | - | - | "
             f"{fmt(ceil.cpu_ms.get('benchmark', math.nan))} |"
         )
+    rounds = result.get("rounds") or []
+    if len(rounds) > 1:
+        ratios = [a / ((b + c) / 2) for a, b, c in rounds]
+        lines += [
+            "",
+            f"{len(rounds)} rounds (each a backlog between two ceiling runs; the rows above are "
+            "the first): agentq tasks/s against the mean of its two neighbours: "
+            + "; ".join(
+                f"{fmt(a)} vs {fmt(b)} / {fmt(c)} ({fmt(100 * x, 0)} %)"
+                for (a, b, c), x in zip(rounds, ratios, strict=True)
+            )
+            + f"; median **{fmt(100 * statistics.median(ratios), 0)} %**.",
+        ]
     for ph in phases:
         lines += [f"\n**{ph.name}: {e}**" for e in ph.errors]
         if ph.completed != len(ph.names):
@@ -908,7 +926,7 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
         )
         + ". The ceiling ran twice (before and after agentq): "
         + ", ".join(f"{fmt(c.tasks_per_s)} tasks/s" for c in result["ceiling_runs"])
-        + "; the mean is used.",
+        + "; the two runs are taken together.",
         "",
         "Latency of each step of a task's life (ms; from a watch of tasks and Leases and "
         "agent-sim's output, on one clock; granted = the first of the status naming the "
@@ -1038,6 +1056,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("== ceiling (before)", flush=True)
         runs.append(await ceiling(rig, args.ceiling_tasks, args.concurrency, idle))
         print(f"   {runs[-1]}", flush=True)
+        # Next to a run of the full life, so the two compare under the same load.
+        print("== ceiling, minimal life", flush=True)
+        result["minimal"] = await ceiling(
+            rig, args.ceiling_tasks, args.concurrency, idle, minimal=True
+        )
+        print(f"   {result['minimal']}", flush=True)
         phases, fleet_idle, sample = await agentq_run(rig, args)
         result["phases"] = phases
         result["fleet_idle"] = fleet_idle
@@ -1045,6 +1069,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         print("== ceiling (after)", flush=True)
         runs.append(await ceiling(rig, args.ceiling_tasks, args.concurrency, idle))
         print(f"   {runs[-1]}", flush=True)
+        rounds = [(phases[0].rate, runs[0].tasks_per_s, runs[1].tasks_per_s)]
+        for r in range(2, args.rounds + 1):
+            # More rounds, each a backlog between two ceiling runs: on a shared machine the
+            # load moves, and the ratio of neighbours is steadier than one figure.
+            print(f"== round {r}", flush=True)
+            again = argparse.Namespace(**{**vars(args), "paced": 0, "profile": False})
+            more, _, _ = await agentq_run(rig, again)
+            runs.append(await ceiling(rig, args.ceiling_tasks, args.concurrency, idle))
+            rounds.append((more[0].rate, runs[-2].tasks_per_s, runs[-1].tasks_per_s))
+            print(f"   {rounds[-1]}", flush=True)
+        result["rounds"] = rounds
+        runs = runs[:2]
         result["ceiling_runs"] = runs
         result["ceiling"] = Ceiling(
             runs[0].name,
@@ -1052,10 +1088,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sum(r.seconds for r in runs),
             runs[0].writes_per_task,
             {k: sum(r.cpu_ms[k] for r in runs) / len(runs) for k in runs[0].cpu_ms},
-        )
-        print("== ceiling, minimal life", flush=True)
-        result["minimal"] = await ceiling(
-            rig, args.ceiling_tasks, args.concurrency, idle, minimal=True
         )
         if not args.no_costs:
             print("== each request alone", flush=True)
@@ -1090,6 +1122,9 @@ def main() -> None:
     parser.add_argument("--paced", type=int, default=100, help="tasks paced after the backlog")
     parser.add_argument(
         "--paced-rate", type=float, default=0.0, help="their rate (default: half the backlog's)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="backlogs, each between two ceiling runs"
     )
     parser.add_argument("--ceiling-tasks", type=int, default=400, help="task lives per ceiling run")
     parser.add_argument(

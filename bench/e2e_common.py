@@ -587,8 +587,8 @@ class Rig:
     operator_metrics_port: int = 0
     # None: the processes' own default (INFO), as a user runs them.
     log_level: str | None = None
-    # Another source tree (e.g. ``git archive REV``): its operator, sidecar and agent-sim
-    # (``operator/`` on PYTHONPATH) and its CRDs run instead of this tree's.
+    # Another source tree (e.g. ``git archive REV``): its operator, sidecar, agent-sim and
+    # agent SDK (its source roots on PYTHONPATH) and its CRDs run instead of this tree's.
     src: Path | None = None
 
     def up(self) -> None:
@@ -631,7 +631,8 @@ class Rig:
         assert self.state is not None
         env = {**os.environ, "KUBECONFIG": self.state.kubeconfig, "PYTHONUNBUFFERED": "1"}
         if self.src is not None:
-            env["PYTHONPATH"] = str(self.src / "operator")
+            roots = [self.src / "operator", self.src / "sdk" / "src", self.src / "tools" / "src"]
+            env["PYTHONPATH"] = os.pathsep.join(str(r) for r in roots if r.is_dir())
         return env
 
     async def namespace(self, prefix: str) -> str:
