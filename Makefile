@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load demo demo-down clean
+.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
@@ -16,6 +16,8 @@ help:
 	@echo "make chaos    the seeded 1,000-task chaos run (writes docs/reliability.md); SEED=n"
 	@echo "make bench    run the benchmarks (writes docs/benchmarks.md)"
 	@echo "make bench-load  the operator under load on the embedded control plane (docs/benchmarks.md)"
+	@echo "make bench-e2e   no-op tasks through real sidecars vs a plain client's ceiling (docs/benchmarks.md)"
+	@echo "make soak     30 minutes at a steady rate with a short TTL: does anything grow (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
@@ -145,6 +147,20 @@ bench: venv
 BENCH_LOAD_ARGS ?=
 bench-load: venv controlplane
 	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --costs --write-docs $(BENCH_LOAD_ARGS)
+
+# No-op tasks through real sidecar + agent-sim processes, against a plain client making
+# the same writes, in one run (not part of make test: a few minutes, and it wants a quiet
+# machine). BENCH_E2E_ARGS adds options, e.g. --tasks 1000 --agents 8, or --src DIR to
+# run another tree (git archive REV | tar -x -C DIR) for a before/after.
+BENCH_E2E_ARGS ?=
+bench-e2e: venv controlplane
+	$(BIN)/python bench/e2e_bench.py --profile --write-docs $(BENCH_E2E_ARGS)
+
+# 30 minutes at a steady rate with a short TTL (not part of make test); SOAK_ARGS adds
+# options, e.g. --minutes 5 --rate 10. Deletion after the TTL needs branch life (issue 18).
+SOAK_ARGS ?=
+soak: venv controlplane
+	$(BIN)/python bench/soak.py --write-docs $(SOAK_ARGS)
 
 demo: venv controlplane
 	$(BIN)/python -m agentq.demo $(DEMO_FLAGS)
