@@ -36,12 +36,11 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
-from load_common import LEASES, TASKS, WORKERS, Api, bounded  # noqa: E402
+from load_common import LEASES, TASKS, WORKERS, Api, bounded, connect  # noqa: E402
 
 from agentq import agentsim  # noqa: E402
 from agentq.controlplane import Cluster  # noqa: E402
 from agentq.controlplane.cluster import ClusterState, free_port  # noqa: E402
-from agentq.operator import connection  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 EVENTS = "/api/v1/namespaces/{ns}/events"
@@ -594,7 +593,7 @@ class Rig:
     def up(self) -> None:
         self.cluster = Cluster(self.workdir / "cluster")
         self.state = self.cluster.up(build=True, tie_to_parent=True)
-        self.api = Api(connection.from_kubeconfig(self.state.kubeconfig))
+        self.api = Api(connect(self.state.kubeconfig))
         self.kubectl("apply", "-f", str((self.src or ROOT) / "crds"))
         self.kubectl(
             "wait",

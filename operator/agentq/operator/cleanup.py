@@ -131,6 +131,11 @@ class Cleanup:
                 entry.due = now
                 heapq.heappush(self._heap, (now, next(self._seq), key))
 
+    def holds(self, key: Key, uid: str | None) -> bool:
+        """Whether ``key`` is remembered as a finished task of this ``uid``."""
+        entry = self.entries.get(key)
+        return entry is not None and uid is not None and entry.uid == uid
+
     # -- in the step --------------------------------------------------------------------
 
     @property

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agentq import protocol
 from agentq.models import TaskPhase
 from agentq.operator.cleanup import Cleanup
@@ -42,6 +44,7 @@ class Follower:
         decider: Decider,
         tokens: TokenAllocator,
         cleanup: Cleanup,
+        delete_lease: Callable[[Key, LeaseView], None],
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -52,6 +55,8 @@ class Follower:
         self.decider = decider
         self.tokens = tokens
         self.cleanup = cleanup
+        # A claim Lease left over by a finished task (no record kept): deleted.
+        self.delete_lease = delete_lease
 
     def apply(self) -> None:
         """Make the indexes, cores and readiness agree with every record that changed."""
@@ -109,7 +114,11 @@ class Follower:
             self.readiness.evaluate(subject)  # and looked at again when it would go stale
             return
         task = self.store.task(subject)
-        if task is not None and not self.decider.renewal_only(task, old, new):
+        if task is None:
+            if new is not None and self.cleanup.holds(subject, new.task_uid):
+                self.delete_lease(subject, new)  # the Lease of a finished task
+            return
+        if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
 
     def fire_timers(self, now: float) -> None:

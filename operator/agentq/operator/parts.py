@@ -4,8 +4,9 @@ controller (docs/architecture.md draws them)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from agentq import claims
 from agentq.clock import Clock
@@ -194,6 +195,7 @@ def wire(
         decider=decider,
         tokens=tokens,
         cleanup=cleanup,
+        delete_lease=lambda key, lease: _spawn(gate, leases.delete(key, lease)),
     )
     return Parts(
         store=store,
@@ -216,3 +218,7 @@ def wire(
         cleanup=cleanup,
         follower=follower,
     )
+
+
+def _spawn(gate: RequestGate, coro: Coroutine[Any, Any, Any]) -> None:
+    gate.spawn(coro)

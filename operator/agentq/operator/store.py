@@ -203,6 +203,19 @@ class Store:
         """The claim Lease of ``task`` (by name: it may belong to an earlier task)."""
         return self.leases.get(task_lease_key(task))
 
+    def _settle(self, key: Key) -> None:
+        """A finished task kept only for its Lease (to delete it): that Lease is gone, so
+        no record is kept any more (the cleanup times its deletion)."""
+        record = self.tasks.get(key)
+        if record is None or record.busy or not claims.settled(record.view):
+            return
+        if self.lease_of(record.view) is not None:
+            return
+        self.task_tombstones.bury(key, record.view.resource_version)
+        del self.tasks[key]
+        self.changed.task(key)
+        self.changed.finished[key] = record.view
+
     def claim_expires_at(self, task: TaskView) -> float | None:
         """When (monotonic) the task's claim expires unless renewed: its Lease judged by
         the task's own lease duration, never the Lease's field (its holder can edit it)."""
@@ -247,7 +260,7 @@ class Store:
             return None  # a late reply about a task deleted since (or settled)
         self.task_tombstones.revive(key)
         view = views.task_view(body, size=size)
-        if claims.settled(view):
+        if claims.settled(view) and self.lease_of(view) is None:
             # Finished, nothing to decide: no record kept, whatever the number of finished
             # tasks; the cleanup keeps when to delete it. A late reply older than this
             # view is refused by the tombstone.
@@ -314,6 +327,8 @@ class Store:
             if record is not None:
                 del self.leases[key]
                 self.changed.lease(key, record.view, None)
+                if view.kind == protocol.LEASE_KIND_TASK:
+                    self._settle((view.namespace, view.subject))
             return record is not None
         if record is not None and not newer(view.resource_version, record.view.resource_version):
             return False
@@ -374,7 +389,8 @@ class Store:
         record.granting = None
         self.changed.task(key, view=False)  # may be queued again
         waiting, record.waiting = record.waiting, False
-        return waiting
+        self._settle(key)
+        return waiting and key in self.tasks
 
     def reset_writes(self) -> None:
         """No write is in flight (they were cancelled with the lead)."""

@@ -188,3 +188,44 @@ async def test_the_memory_of_ten_thousand_finished_tasks_is_small_and_given_back
     c = h.controller
     assert len(c.cleanup) == 0 and not c.cleanup._heap and len(c.store) == 0
     assert len(c.store.task_tombstones) <= c.store.task_tombstones.limit
+
+
+@run
+async def test_a_status_forged_finished_loses_its_lease_then_leaves_the_store() -> None:
+    """A finished task is kept only while its claim's Lease is to be deleted (the holder's
+    next write then finds nothing): a status forged to Succeeded under a running claim."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    h.kube.edit("agenttasks", NS, "t", lambda b: b["status"].update(phase="Succeeded"))
+    await h.settle()
+    assert h.lease("t") is None, "the claim's Lease goes"
+    assert (NS, "t") not in h.controller.store.tasks
+    assert h.controller.cleanup.holds(
+        (NS, "t"), h.kube.get("agenttasks", NS, "t")["metadata"]["uid"]
+    )
+
+
+@run
+async def test_a_lease_seen_after_its_finished_task_is_deleted() -> None:
+    h = Harness()
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    uid = h.kube.get("agenttasks", NS, "t")["metadata"]["uid"]
+    h.kube.put(
+        "leases",
+        {
+            "metadata": {
+                "name": protocol.task_lease_name("t"),
+                "namespace": NS,
+                "labels": {protocol.LABEL_LEASE_KIND: "task", protocol.LABEL_TASK: "t"},
+                "annotations": {protocol.ANNOTATION_TOKEN: "1", protocol.ANNOTATION_TASK_UID: uid},
+            },
+            "spec": {"holderIdentity": "w1", "leaseDurationSeconds": 30},
+        },
+    )
+    await h.settle()
+    assert h.lease("t") is None
