@@ -279,6 +279,8 @@ class Cluster:
 
         Returns the updated task, or None if it changed meanwhile (409): the caller
         re-reads and decides again, so a task is never requeued on stale evidence.
+        A cancelled task's ``spec.cancel`` is set back to false in the same write, or
+        the operator would cancel it again at once.
         """
         meta = task.get("metadata") or {}
         patch: Body = {
@@ -287,6 +289,8 @@ class Cluster:
                 "annotations": {protocol.ANNOTATION_REQUEUE: request},
             }
         }
+        if (task.get("spec") or {}).get("cancel"):
+            patch["spec"] = {"cancel": False}
         return self._try(
             "PATCH",
             kube.object_path(

@@ -1,20 +1,25 @@
 """The task verbs (``submit``, ``wait``, ``cancel``) without a cluster: reading manifests,
 naming tasks, what cancel does with a task, the exit code of several outcomes, usage
-errors."""
+errors; and requeue undoing a cancel in the same write."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
 
+from agentq import kube
 from agentq.cli import main
 from agentq.client import End, Outcome
+from agentq.kube.sync import SyncClient
 from agentq.ops.commands import EXIT_CODES_HELP
 from agentq.ops.errors import PRECEDENCE, Exit, OpsError, worst
+from agentq.ops.kube import Cluster
 from agentq.ops.tasks import (
     EXIT_BY_END,
     cancel_verdict,
@@ -189,3 +194,47 @@ def test_the_verbs_list_the_exit_codes_in_their_help() -> None:
         assert result.exit_code == 0
         assert "Exit codes: 0 ok" in result.output, verb
         assert "7 a task was Cancelled" in " ".join(result.output.split())
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every PATCH with the body it was sent, and keeps it."""
+
+    patches: ClassVar[list[Any]] = []
+
+    def do_PATCH(self) -> None:
+        sent = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Recorder.patches.append(sent)
+        raw = json.dumps(sent).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("cancelled", "spec"), [(True, {"cancel": False}), (False, None)])
+def test_a_requeue_undoes_a_cancel_in_the_same_write(cancelled: bool, spec: Any) -> None:
+    """Else the operator, seeing spec.cancel still set, cancels the task again at once."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    Recorder.patches = []
+    config = kube.KubeConfig(
+        server=f"http://127.0.0.1:{server.server_address[1]}", credentials=kube.Credentials()
+    )
+    ops = Cluster(SyncClient(config), namespace="ns", source="test")
+    body = task("t").cancel(cancelled).namespace("ns").obj()
+    body["metadata"]["resourceVersion"] = "7"
+    try:
+        ops.request_requeue(body, "r1")
+    finally:
+        ops.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    [patch] = Recorder.patches
+    assert patch["metadata"]["resourceVersion"] == "7"
+    assert patch.get("spec") == spec
