@@ -581,7 +581,8 @@ class AsyncTask:
     async def cancel(self) -> bool:
         """Ask for the task to be cancelled (``spec.cancel: true``); idempotent. True if
         it had not finished (it ends ``Cancelled``; a running attempt's agent is told at
-        its next heartbeat), False if it had (nothing changes)."""
+        its next heartbeat) or was already Cancelled; False if it had finished otherwise
+        (nothing changes)."""
         self.body = await self.client.cancel(self.name, self.namespace)
         self._fresh = False
         phase = (self.body.get("status") or {}).get("phase")

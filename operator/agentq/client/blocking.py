@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from agentq import kube
@@ -23,12 +23,23 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self._background: set[asyncio.Task[Any]] = set()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="agentq-client", daemon=True
         )
         self.thread.start()
 
+    @property
+    def here(self) -> bool:
+        """Whether the caller runs on the loop's own thread (where waiting on it would
+        never end)."""
+        return threading.current_thread() is self.thread
+
     def run(self, coroutine: Awaitable[T]) -> T:
+        if self.here:
+            if asyncio.iscoroutine(coroutine):
+                coroutine.close()
+            raise RuntimeError("agentq.client.Client called from its own event loop's thread")
         future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), self.loop)
         try:
             return future.result()
@@ -37,6 +48,12 @@ class _Loop:
             with contextlib.suppress(BaseException):
                 future.result(timeout=5)
             raise
+
+    def soon(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coroutine`` on the loop without waiting for it (from the loop's thread)."""
+        task = self.loop.create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def close(self) -> None:
         if self.loop.is_closed():
@@ -142,7 +159,13 @@ class Client:
                 except StopAsyncIteration:
                     return
         finally:
-            if not self._loop.loop.is_closed():
+            # Left early, or collected as garbage: stop the watches. Garbage may be
+            # collected on the loop's own thread, which must not wait on itself.
+            if self._loop.loop.is_closed():
+                pass
+            elif self._loop.here:
+                self._loop.soon(outcomes.aclose())
+            else:
                 self._run(outcomes.aclose())
 
     def wait_all(

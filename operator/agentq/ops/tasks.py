@@ -13,7 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -441,6 +441,81 @@ def cancel_verdict(task: Mapping[str, Any]) -> tuple[str, str]:
     return "send", phase
 
 
+def task_entry(task: Mapping[str, Any], message: str | None = None) -> Body:
+    """A task as the JSON report lists it."""
+    meta = task.get("metadata") or {}
+    entry = {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "phase": (task.get("status") or {}).get("phase") or "Pending",
+    }
+    return entry if message is None else {**entry, "message": message}
+
+
+@dataclass
+class Cancels:
+    """What ``cancel`` was asked, decided and did (its JSON report)."""
+
+    matched: int = 0
+    chosen: list[Body] = field(default_factory=list)  # to send (the tasks as read)
+    already: list[Body] = field(default_factory=list)
+    finished: list[Body] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    requested: list[Body] = field(default_factory=list)
+
+    def sort(self, tasks: Iterable[Mapping[str, Any]]) -> None:
+        """Each task to ``chosen``, ``already`` or ``finished`` (pure)."""
+        for task in tasks:
+            self.matched += 1
+            verdict, why = cancel_verdict(task)
+            if verdict == "send":
+                self.chosen.append(dict(task))
+            else:
+                (self.already if verdict == "already" else self.finished).append(
+                    task_entry(task, why)
+                )
+
+    def to_dict(self) -> Body:
+        return {
+            "matched": self.matched,
+            "selected": [task_entry(t) for t in self.chosen],
+            "requested": self.requested,
+            "already": self.already,
+            "finished": self.finished,
+            "missing": self.missing,
+        }
+
+
+def _send_cancels(
+    client: Client,
+    cancels: Cancels,
+    rate: float | None,
+    *,
+    say: Callable[[str], None],
+    refuse: Callable[[str], None],
+) -> None:
+    """The merge patches, paced; a task that finished meanwhile is left as it is."""
+    pacer = Pacer(rate, clock=time.monotonic, sleep=time.sleep)
+    for task in cancels.chosen:
+        pacer.wait()
+        name, namespace = task["metadata"]["name"], task["metadata"]["namespace"]
+        try:
+            after = client.cancel(name, namespace)
+        except TaskNotFound:
+            cancels.missing.append(name)
+            click.echo(f"error: agenttask/{name} was deleted meanwhile", err=True)
+            continue
+        verdict, why = cancel_verdict({**after, "spec": {}})
+        if verdict == "finished":  # the patch landed, and changes nothing
+            cancels.finished.append(task_entry(after, why))
+            refuse(f"error: agenttask/{name} not cancelled: {why}")
+            continue
+        was = task_entry(task)["phase"]
+        cancels.requested.append(task_entry(after, f"was {was}"))
+        told = ": its agent is told at its next heartbeat" if was in ("Assigned", "Running") else ""
+        say(f"agenttask/{name} cancel requested (was {was}{told})")
+
+
 @click.command(epilog=EXIT_CODES_HELP)
 @click.argument("tasks", nargs=-1)
 @click.option("-l", "--selector", metavar="SELECTOR", help="label selector, as kubectl")
@@ -490,99 +565,48 @@ def cancel(
         raise click.UsageError("-A/--all-namespaces goes with -l")
     names = list(dict.fromkeys(task_name(t) for t in tasks))
     text = output == "text"
-    say = click.echo if text else (lambda *_a, **_k: None)
-    chosen: list[Body] = []
-    already: list[Body] = []
-    finished: list[Body] = []
-    missing: list[str] = []
-    requested: list[Body] = []
-    matched = 0
 
-    def entry(task: Mapping[str, Any], why: str) -> Body:
-        meta = task.get("metadata") or {}
-        return {
-            "namespace": meta.get("namespace"),
-            "name": meta.get("name"),
-            "phase": (task.get("status") or {}).get("phase") or "Pending",
-            "message": why,
-        }
+    def say(line: str) -> None:
+        if text:
+            click.echo(line)
 
+    def refuse(line: str) -> None:  # a named task that had finished: an error; else counted
+        if names:
+            click.echo(line, err=True)
+
+    cancels = Cancels()
     with connected(kubeconfig, context, namespace) as client:
         where = "all namespaces" if all_namespaces else f"namespace {client.namespace}"
+        found = []
         if names:
-            found = []
             for name in names:
                 try:
                     found.append(client.get(name))
                 except TaskNotFound:
-                    missing.append(name)
+                    cancels.missing.append(name)
                     click.echo(f"error: agenttask {name!r} not found in {where}", err=True)
         else:
             found = [t.body for t in client.tasks(selector, all_namespaces=all_namespaces)]
-        matched = len(found)
-        for task in found:
-            verdict, why = cancel_verdict(task)
-            name = task["metadata"]["name"]
-            if verdict == "send":
-                chosen.append(task)
-            elif verdict == "already":
-                already.append(entry(task, why))
-                say(f"agenttask/{name} {why}")
-            else:
-                finished.append(entry(task, why))
-                if names:
-                    click.echo(f"error: agenttask/{name} not cancelled: {why}", err=True)
+        cancels.sort(found)
+        for entry in cancels.already:
+            say(f"agenttask/{entry['name']} {entry['message']}")
+        for entry in cancels.finished:
+            refuse(f"error: agenttask/{entry['name']} not cancelled: {entry['message']}")
         if selector is not None:
+            chosen = ", ".join(t["metadata"]["name"] for t in cancels.chosen)
             say(
-                f"{len(chosen)} task(s) to cancel of {matched} matched in {where}"
-                + (f" ({len(finished)} already finished)" if finished else "")
-                + (f": {', '.join(t['metadata']['name'] for t in chosen)}" if chosen else "")
+                f"{len(cancels.chosen)} task(s) to cancel of {cancels.matched} matched in {where}"
+                + (f" ({len(cancels.finished)} already finished)" if cancels.finished else "")
+                + (f": {chosen}" if chosen else "")
             )
-        pace = f" at {rate:g}/s" if rate else ""
         if dry_run:
-            say(f"dry run: would cancel {len(chosen)} task(s){pace}; nothing changed")
-        elif chosen:
-            pacer = Pacer(rate, clock=time.monotonic, sleep=time.sleep)
-            for task in chosen:
-                pacer.wait()
-                meta = task["metadata"]
-                try:
-                    after = client.cancel(meta["name"], meta["namespace"])
-                except TaskNotFound:
-                    missing.append(meta["name"])
-                    click.echo(f"error: agenttask/{meta['name']} was deleted meanwhile", err=True)
-                    continue
-                verdict, why = cancel_verdict({**after, "spec": {}})
-                if verdict == "finished":  # it finished meanwhile: the cancel changes nothing
-                    finished.append(entry(after, why))
-                    if names:
-                        click.echo(
-                            f"error: agenttask/{meta['name']} not cancelled: {why}", err=True
-                        )
-                    continue
-                was = entry(task, "")["phase"]
-                requested.append(entry(after, f"was {was}"))
-                told = (
-                    ": its agent is told at its next heartbeat"
-                    if was in ("Assigned", "Running")
-                    else ""
-                )
-                say(f"agenttask/{meta['name']} cancel requested (was {was}{told})")
+            pace = f" at {rate:g}/s" if rate else ""
+            say(f"dry run: would cancel {len(cancels.chosen)} task(s){pace}; nothing changed")
+        else:
+            _send_cancels(client, cancels, rate, say=say, refuse=refuse)
     if not text:
-        emit(
-            {
-                "dryRun": dry_run,
-                "rate": rate,
-                "matched": matched,
-                "selected": [entry(t, "") | {"message": None} for t in chosen],
-                "requested": requested,
-                "already": already,
-                "finished": finished,
-                "missing": missing,
-            },
-            output,
-        )
-    if missing:
+        emit({"dryRun": dry_run, "rate": rate, **cancels.to_dict()}, output)
+    if cancels.missing:
         sys.exit(int(Exit.NOT_FOUND))
-    if finished and names:
+    if cancels.finished and names:
         sys.exit(int(Exit.PARTIAL))

@@ -259,3 +259,18 @@ def test_the_blocking_client_waits_and_raises_the_tasks_error() -> None:
             assert raised.value.error == {"reason": "AgentError"}
 
     asyncio.run(main())
+
+
+def test_the_blocking_client_refuses_to_wait_on_its_own_thread() -> None:
+    """(It would wait for itself for ever: a callback run on its loop, a generator
+    collected there.)"""
+    config = kube.KubeConfig(
+        server=f"http://127.0.0.1:{free_port()}", credentials=kube.Credentials()
+    )
+    with Client(config, namespace="ns") as client:
+
+        async def on_the_loop() -> None:
+            client.task("a").status()
+
+        with pytest.raises(RuntimeError, match="from its own event loop's thread"):
+            client._run(on_the_loop())

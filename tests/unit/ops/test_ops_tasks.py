@@ -22,6 +22,7 @@ from agentq.ops.errors import PRECEDENCE, Exit, OpsError, worst
 from agentq.ops.kube import Cluster
 from agentq.ops.tasks import (
     EXIT_BY_END,
+    Cancels,
     cancel_verdict,
     outcome_line,
     outcomes_exit,
@@ -117,6 +118,19 @@ def with_status(**status: Any) -> dict[str, Any]:
 )
 def test_what_cancel_does_with_a_task(body: dict[str, Any], verdict: tuple[str, str]) -> None:
     assert cancel_verdict(body) == verdict
+
+
+def test_cancel_sorts_the_tasks_it_found() -> None:
+    cancels = Cancels()
+    cancels.sort([with_status(phase="Running"), with_status(phase="Succeeded"),
+                  with_status(phase="Cancelled")])  # fmt: skip
+    assert cancels.matched == 3 and len(cancels.chosen) == 1
+    assert [e["message"] for e in cancels.already] == ["already Cancelled"]
+    assert cancels.finished == [
+        {"namespace": None, "name": "t", "phase": "Succeeded",
+         "message": "it already finished (Succeeded)"}
+    ]  # fmt: skip
+    assert cancels.to_dict()["selected"] == [{"namespace": None, "name": "t", "phase": "Running"}]
 
 
 def test_several_outcomes_exit_with_the_worst() -> None:
