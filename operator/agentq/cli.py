@@ -24,6 +24,9 @@ _COMMANDS: dict[str, str] = {
     "uncordon": "agentq.ops.commands:uncordon",
     "operator": "agentq.operator.command:operator",
     "requeue": "agentq.requeue:requeue",
+    "submit": "agentq.ops.tasks:submit",
+    "wait": "agentq.ops.tasks:wait_command",
+    "cancel": "agentq.ops.tasks:cancel",
     "sidecar": "agentq.sidecar.command:sidecar",
     "agent-sim": "agentq.agentsim:agent_sim",
 }

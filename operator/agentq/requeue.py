@@ -1,4 +1,5 @@
-"""``agentq requeue``: redrive Held, DeadLettered or Failed tasks, like SQS's redrive.
+"""``agentq requeue``: redrive Held, DeadLettered, Failed or Cancelled tasks, like SQS's
+redrive.
 
 The operator is the only writer of AgentTask status, so this command does not
 touch the status: it sets the ``agentq.dev/requeue`` annotation to a fresh
@@ -127,11 +128,11 @@ def requeue(
     context: str | None,
     output: str,
 ) -> None:
-    """Redrive Held, DeadLettered or Failed tasks: back to Pending with a fresh failure
-    budget (a new fencing token at the next grant).
+    """Redrive Held, DeadLettered, Failed or Cancelled tasks: back to Pending with a fresh
+    failure budget (a new fencing token at the next grant); a cancel is undone.
 
-    Choose the tasks by NAME, by label selector (-l: the Held, DeadLettered and Failed
-    ones among the matches), or with --all-dead-lettered. It prints how many and which,
+    Choose the tasks by NAME, by label selector (-l: the requeuable ones among the
+    matches), or with --all-dead-lettered. It prints how many and which,
     then one line per request. Fix the cause first: a poison task dead-letters again.
 
     \b

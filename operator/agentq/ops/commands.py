@@ -37,8 +37,9 @@ R = TypeVar("R")
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 not everything was done (refused, conflicting); 2 bad arguments; "
-    "3 no usable cluster (no kubeconfig, unreachable, CRDs missing); 4 not found; "
-    "5 timed out."
+    "3 no usable cluster (no kubeconfig, unreachable, CRDs missing); 4 not found (or "
+    "deleted while waited on); 5 timed out; 6 a task Failed or DeadLettered; 7 a task "
+    "was Cancelled. Several at once: the first of 3, 1, 4, 6, 7, 5."
 )
 
 

@@ -6,11 +6,13 @@ Scripts branch on these, so they are part of the interface (documented in
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """``agentq explain|top|drain|uncordon|requeue`` exit codes."""
+    """The exit codes of the ops verbs (explain, top, drain, uncordon, requeue, submit,
+    wait, cancel)."""
 
     OK = 0
     # The verb ran but did not do all it was asked: a named task was not requeuable,
@@ -21,10 +23,35 @@ class Exit(IntEnum):
     # No usable cluster: no kubeconfig, API server unreachable, credentials refused,
     # or the agentq CRDs are not installed.
     NO_CLUSTER = 3
-    # A named AgentTask or AgentWorker does not exist.
+    # A named AgentTask or AgentWorker does not exist (``wait``: or it was deleted while
+    # waited on; no task matched the selector).
     NOT_FOUND = 4
-    # A wait (``drain --wait``) ran out of time; what is still held is printed.
+    # A wait (``drain --wait``, ``wait``, ``submit --wait``) ran out of time; what is
+    # still going is printed.
     TIMEOUT = 5
+    # ``wait``, ``submit --wait``: a task ended Failed or DeadLettered.
+    FAILED = 6
+    # ``wait``, ``submit --wait``: a task ended Cancelled.
+    CANCELLED = 7
+
+
+# When a verb's tasks end differently, the exit code is the first of these that
+# occurred: the most definite bad news wins; a timeout only says "not yet".
+PRECEDENCE = (
+    Exit.NO_CLUSTER,
+    Exit.PARTIAL,
+    Exit.NOT_FOUND,
+    Exit.FAILED,
+    Exit.CANCELLED,
+    Exit.TIMEOUT,
+    Exit.OK,
+)
+
+
+def worst(codes: Iterable[Exit]) -> Exit:
+    """The exit code of several outcomes (``PRECEDENCE``); OK for none."""
+    seen = set(codes)
+    return next((code for code in PRECEDENCE if code in seen), Exit.OK)
 
 
 class OpsError(Exception):

@@ -15,13 +15,12 @@ credentials and missing CRDs are ``NO_CLUSTER``; a missing named object is
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentq import GROUP, VERSION, kube, protocol
+from agentq import GROUP, VERSION, client, kube, protocol
 from agentq.kube.sync import SyncClient
 from agentq.models import TASK_PLURAL, WORKER_PLURAL
 from agentq.ops.errors import Exit, OpsError
@@ -43,6 +42,42 @@ NO_CRDS_HINT = (
     "The agentq CRDs are not installed in this cluster: install them with "
     "`kubectl apply -f crds/` (see docs/quickstart.md)."
 )
+
+
+def find_config(kubeconfig: str | None, context: str | None) -> kube.KubeConfig:
+    """The API server as kubectl finds it (``agentq.client.find_config``); else
+    ``OpsError(NO_CLUSTER)`` saying what to do."""
+    try:
+        return client.find_config(kubeconfig, context)
+    except client.NoCluster as err:
+        hint = "" if "service account" in str(err) else f". {NO_CLUSTER_HINT}"
+        raise OpsError(f"{err}{hint}", Exit.NO_CLUSTER) from err
+
+
+def refusal(
+    status: int, body: Mapping[str, Any], text: str, what: str, *, server: str, source: str
+) -> OpsError:
+    """An API server's refusal as an error a person can act on, with its exit code."""
+    message = body.get("message") or text.strip() or "no message"
+    if status == 404:
+        if (body.get("details") or {}).get("name"):
+            return OpsError(f"{what or 'object'} not found: {message}", Exit.NOT_FOUND)
+        return OpsError(f"{NO_CRDS_HINT} (API server: {message})", Exit.NO_CLUSTER)
+    if status == 401:
+        return OpsError(
+            f"the API server at {server} refused our credentials ({source}): "
+            f"{message}. Log in again or pick another context.",
+            Exit.NO_CLUSTER,
+        )
+    if status == 403:
+        return OpsError(
+            f"forbidden: {message}. The ops verbs need get/list/watch on agenttasks, "
+            "get/list on agentworkers, leases and events, create on agenttasks (submit), "
+            "patch on agenttasks (requeue, cancel) and agentworkers (drain, uncordon); "
+            "see docs/cli.md#permissions.",
+            Exit.PARTIAL,
+        )
+    return OpsError(f"the API server refused: {status} {message}", Exit.PARTIAL)
 
 
 class Refused(Exception):
@@ -74,31 +109,7 @@ class Cluster:
     ) -> Cluster:
         """Connect as kubectl would: --kubeconfig, else $KUBECONFIG, else ~/.kube/config,
         else the pod's service account. Raises ``OpsError(NO_CLUSTER)`` saying what to do."""
-        files = kube.config.kubeconfig_files(kubeconfig)
-        in_pod = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
-        if not any(f.exists() for f in files):
-            if in_pod and kubeconfig is None and context is None:
-                found = kube.in_cluster()
-                if found is None:
-                    raise OpsError(
-                        "cannot use the pod's service account: no token mounted",
-                        Exit.NO_CLUSTER,
-                    )
-                config = found
-            else:
-                shown = os.pathsep.join(str(f) for f in files)
-                raise OpsError(
-                    f"no kubeconfig found (looked for {shown}). {NO_CLUSTER_HINT}",
-                    Exit.NO_CLUSTER,
-                )
-        else:
-            shown = os.pathsep.join(str(f) for f in files if f.exists())
-            try:
-                config = kube.from_kubeconfig(kubeconfig, context=context)
-            except (kube.ConfigError, OSError, ValueError, TypeError) as err:
-                raise OpsError(
-                    f"cannot use kubeconfig {shown}: {err}. {NO_CLUSTER_HINT}", Exit.NO_CLUSTER
-                ) from err
+        config = find_config(kubeconfig, context)
         connect, read = REQUEST_TIMEOUT
         return cls(
             SyncClient(config, timeout=connect + read, connect=connect),
@@ -180,26 +191,7 @@ class Cluster:
         )
 
     def _api_error(self, err: Refused, what: str) -> OpsError:
-        status = err.body
-        message = status.get("message") or err.text.strip() or "no message"
-        if err.status == 404:
-            if (status.get("details") or {}).get("name"):
-                return OpsError(f"{what or 'object'} not found: {message}", Exit.NOT_FOUND)
-            return OpsError(f"{NO_CRDS_HINT} (API server: {message})", Exit.NO_CLUSTER)
-        if err.status == 401:
-            return OpsError(
-                f"the API server at {self.server} refused our credentials ({self.source}): "
-                f"{message}. Log in again or pick another context.",
-                Exit.NO_CLUSTER,
-            )
-        if err.status == 403:
-            return OpsError(
-                f"forbidden: {message}. The ops verbs need get/list on agenttasks, "
-                "agentworkers, leases and events, and patch on agenttasks (requeue) and "
-                "agentworkers (drain, uncordon); see docs/cli.md#permissions.",
-                Exit.PARTIAL,
-            )
-        return OpsError(f"the API server refused: {err.status} {message}", Exit.PARTIAL)
+        return refusal(err.status, err.body, err.text, what, server=self.server, source=self.source)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -287,14 +279,18 @@ class Cluster:
 
         Returns the updated task, or None if it changed meanwhile (409): the caller
         re-reads and decides again, so a task is never requeued on stale evidence.
+        A cancelled task's ``spec.cancel`` is set back to false in the same write, or
+        the operator would cancel it again at once.
         """
         meta = task.get("metadata") or {}
-        patch = {
+        patch: Body = {
             "metadata": {
                 "resourceVersion": meta.get("resourceVersion"),
                 "annotations": {protocol.ANNOTATION_REQUEUE: request},
             }
         }
+        if (task.get("spec") or {}).get("cancel"):
+            patch["spec"] = {"cancel": False}
         return self._try(
             "PATCH",
             kube.object_path(
