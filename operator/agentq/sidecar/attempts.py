@@ -9,7 +9,11 @@ has no clock of its own: every method takes ``now`` (monotonic seconds).
 The renewal rule (agent-gated; docs/agent-api.md):
 
 - the first renewal of an attempt happens at the agent's first heartbeat for it
-  (that renewal is what the operator takes as "Running");
+  (that renewal is what the operator takes as "Running"), but not before
+  ``FIRST_RENEWAL_SECONDS`` (or half the heartbeat interval, if less) after the
+  grant was seen: an agent that reports within that time writes only its report,
+  and the operator commits it straight from Assigned (no Running write, no Running
+  event: a quarter of a short task's API cost);
 - after that a renewal is due every ``heartbeatIntervalSeconds`` (the task's, or a
   third of its lease), and happens only if the agent beat for that attempt within
   the last heartbeat interval; if it has not, nothing is renewed until it does,
@@ -40,6 +44,8 @@ from agentq import protocol
 Body = dict[str, Any]
 State = Literal["pending", "active", "reported"]
 
+# The least time from a grant to its first renewal (see the module docstring).
+FIRST_RENEWAL_SECONDS = 1.0
 # How many ended attempts are remembered, so a zombie agent asking about one is told
 # "lost" (409) rather than "unknown" (404).
 ENDED_MEMORY = 4096
@@ -197,7 +203,9 @@ class Attempt:
         if self.state != "active" or self.writes or self.beat_at is None or self.revoked:
             return None
         if self.renewed_at is None:
-            cadence = self.beat_at  # the first beat renews at once: the attempt is Running
+            # The first beat renews (the attempt is Running), a short while after the grant.
+            grace = min(FIRST_RENEWAL_SECONDS, self.heartbeat_seconds / 2)
+            cadence = max(self.beat_at, self.seen_at + grace)
         else:
             cadence = self.renewed_at + self.heartbeat_seconds
         if cadence > self.beat_at + self.heartbeat_seconds:

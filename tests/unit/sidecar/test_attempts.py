@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentq import protocol
-from agentq.sidecar.attempts import AgentError, Attempt, Attempts
+from agentq.sidecar.attempts import FIRST_RENEWAL_SECONDS, AgentError, Attempt, Attempts
 
 
 def lease(
@@ -142,7 +142,9 @@ def test_renewals_happen_only_after_a_fresh_beat_and_at_most_once_per_interval(
     for earlier, later in itertools.pairwise(renewals):
         assert later - earlier >= hb - 1e-9
     if beats and beats[0] <= 200:
-        assert renewals and renewals[0] <= beats[0] + 0.25  # the first beat renews at once
+        # The first beat renews at once, or a short while after the grant (at 0) if sooner.
+        first = max(beats[0], min(FIRST_RENEWAL_SECONDS, hb / 2))
+        assert renewals and renewals[0] <= first + 0.25
 
 
 def test_what_the_agent_is_told_for_stale_lost_and_unknown_tokens() -> None:
@@ -271,3 +273,16 @@ def test_an_unknown_revoke_reason_reads_as_cancelled() -> None:
     with pytest.raises(AgentError) as told:
         attempts.find("job", 7)
     assert told.value.code == "Cancelled"
+
+
+def test_an_agent_that_reports_soon_after_its_grant_writes_only_its_report() -> None:
+    attempts = Attempts(namespace="ns", worker="w")
+    a = active(attempts, 0.0, hb=10.0)
+    attempts.beat("job", 7, None, 0.1)
+    assert a.due_at() == 1.0, "not at the first beat: a short while after the grant"
+    assert attempts.due(0.5) == []
+    attempts.reported(a, lease(rv=101), '{"outcome": "Succeeded"}', 0.5)
+    assert a.due_at() is None, "reported: its renewal is the report's write"
+    b = active(Attempts(namespace="ns", worker="w"), 0.0, hb=1.0)
+    b.beat_at = 0.1
+    assert b.due_at() == 0.5, "at most half the heartbeat interval after the grant"

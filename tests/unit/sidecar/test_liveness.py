@@ -302,6 +302,8 @@ async def test_a_renewal_that_raises_unexpectedly_is_retried_after_a_pause() -> 
     sidecar = Sidecar()
     sidecar.hold_worker_lease()
     attempt = sidecar.grant()
+    sidecar.clock.advance(1.0)  # past the first renewal's grace after the grant
+    sidecar.keeper.confirmed_at = sidecar.clock.monotonic()
     sidecar.attempts.beat("job", 7, None, sidecar.clock.monotonic())
     sidecar.api.fail("PUT", lease_path(NS), RuntimeError("token file unreadable"), times=1000)
     stop = asyncio.Event()
