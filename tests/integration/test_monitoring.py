@@ -213,7 +213,8 @@ def test_alerts_fire_on_their_fault_and_not_on_a_healthy_run(
     assert prom.api("alerts")["alerts"] == []
     assert prom.query("namespace:agentq_dead_letters:increase15m > 0") == []
 
-    # Fault: a poison task. Its dead letter and its AgentError reclaims fire, nothing else.
+    # Fault: a poison task. Its dead letter and its reclaims fire, nothing else; the agent's
+    # own reason ("AgentError") is counted as "Reported" (agent text is no label value).
     fleet.add_task(task("poison").requires("flaky").max_reclaims(2).backoff(initial=0.2, max=1))
     fleet.wait_phase("poison", "DeadLettered", timeout=60)
     prom.wait(
@@ -225,10 +226,10 @@ def test_alerts_fire_on_their_fault_and_not_on_a_healthy_run(
     firing = prom.firing()
     assert set(firing) == {"AgentqDeadLettersRising", "AgentqReclaimsHigh"}, firing
     assert [a["namespace"] for a in firing["AgentqDeadLettersRising"]] == [fleet.namespace]
-    assert [a["reason"] for a in firing["AgentqReclaimsHigh"]] == ["AgentError"]
+    assert [a["reason"] for a in firing["AgentqReclaimsHigh"]] == ["Reported"]
     (dead,) = prom.query("namespace:agentq_dead_letters:increase15m")
     assert float(dead["value"][1]) == 1.0  # the counter was born at 1: still counted
-    (reclaimed,) = prom.query('reason:agentq_reclaims:increase15m{reason="AgentError"}')
+    (reclaimed,) = prom.query('reason:agentq_reclaims:increase15m{reason="Reported"}')
     assert float(reclaimed["value"][1]) == 3.0  # maxReclaims + 1 failed attempts
 
     # Every dashboard query is valid here and names only metrics the operator declares.
