@@ -77,6 +77,13 @@ class ClaimLeases:
             record.deleting = False
         if reply.ok or reply.status is Status.GONE:
             self.observe(gone(lease), deleted=True)
+        elif reply.status is Status.CONFLICT:
+            # Changed since the decision. If we have seen the change already, it was
+            # decided while this delete was in flight and that delete was skipped: decide
+            # again now. Otherwise its event is on its way and will be decided.
+            current = self.store.leases.get(lease.key)
+            if current is not None and current.view.resource_version != lease.resource_version:
+                self.retries.later(key, 0.0)
         elif reply.status is Status.FORBIDDEN:
             self.stats.refused += 1
             log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)

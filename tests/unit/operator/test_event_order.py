@@ -249,3 +249,34 @@ async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothin
     await h.settle()
     assert h.status("t").get("reclaims") == 1
     assert (NS, "w1") not in h.controller.store.workers, "nothing is left of it"
+
+
+@run
+async def test_a_finished_tasks_lease_changed_while_its_delete_was_in_flight_is_deleted() -> None:
+    """The Lease of a finished attempt is deleted with a precondition on the version the
+    decision saw. When its holder wrote it again while that delete was in flight (a
+    renewal just after its report), the change was decided again but the second delete
+    was skipped as one was in flight, and the first one's 409 did nothing: the finished
+    task kept its record and its Lease, and was never cleaned up after its TTL."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    gate = asyncio.Event()
+    h.kube.inject("delete_lease", Held(gate))
+    h.report("t", outcome="Succeeded", result={"ok": True})
+    for _ in range(20):
+        h.controller.step()
+        await asyncio.sleep(0)
+    assert h.phase("t") == "Succeeded"
+    h.renew("t")  # the holder's renewal, after its report, before the delete
+    for _ in range(20):
+        h.controller.step()
+        await asyncio.sleep(0)
+    gate.set()
+    await h.settle()
+    await h.advance(2)
+    assert h.lease("t") is None, "the finished attempt's Lease is deleted"
+    assert (NS, "t") not in h.controller.store.tasks, "no record kept of a settled task"
