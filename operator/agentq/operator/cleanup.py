@@ -16,7 +16,8 @@ is a few hundred bytes each, and at most ``limit`` entries, whatever the TTL.
 - **More than ``limit`` finished tasks**: the ones over it are not remembered; once
   the remembered ones have gone (below nine tenths of the limit) the tasks are
   listed again (``relist``, the watch's LIST), at most every ``RELIST_SECONDS``, and
-  the rest are remembered then.
+  the rest are remembered then; a relist that fails is tried again
+  ``RELIST_RETRY_SECONDS`` later.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from agentq.operator.port import Kube, KubeError, Status
 from agentq.operator.work import RETRY_SECONDS, Stats
 from agentq.views import Key, TaskView
 
-__all__ = ["BATCH", "RELIST_SECONDS", "Cleanup"]
+__all__ = ["BATCH", "RELIST_RETRY_SECONDS", "RELIST_SECONDS", "Cleanup"]
 
 log = logging.getLogger("agentq.controller")
 
 BATCH = 16  # deletes in flight at once
 RELIST_SECONDS = 600.0  # least time between two relists after an overflow
+RELIST_RETRY_SECONDS = 30.0  # after a relist that failed
 
 
 @dataclass(slots=True)
@@ -167,13 +169,27 @@ class Cleanup:
         ):
             self.overflowed = False
             self._relisted = now
-            self.gate.spawn(self.relist())
+            self.gate.spawn(self._relist(self.relist))
+
+    async def _relist(self, relist: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """The relist; one that fails (or is cancelled with the lead) is due again, after
+        ``RELIST_RETRY_SECONDS``: the tasks it was to find are remembered nowhere else."""
+        try:
+            await relist()
+        except BaseException as err:
+            self.overflowed = True
+            self._relisted = self.clock.monotonic() - RELIST_SECONDS + RELIST_RETRY_SECONDS
+            if isinstance(err, Exception):
+                log.warning("listing the tasks again for the cleanup failed: %s", err)
+                return
+            raise
 
     async def _delete(self, key: Key, entry: _Entry) -> None:
         namespace, name = key
+        sent = entry.resource_version
         try:
             reply = await self.gate.call_low(
-                self.kube.delete_task, namespace, name, entry.uid, entry.resource_version
+                self.kube.delete_task, namespace, name, entry.uid, sent
             )
         except KubeError as err:
             log.info("deleting finished task %s/%s had an unknown outcome: %s", *key, err)
@@ -181,6 +197,12 @@ class Cleanup:
             return
         finally:
             entry.deleting = False
+        if reply.status is Status.CONFLICT and entry.resource_version != sent:
+            # Changed while the delete was out, and still finished and settled (a label
+            # added, a cancel ignored): its event moved the entry on already, so no
+            # later event would bring it back. Deleted again, as it is now.
+            self._again(key, entry, 0.0)
+            return
         if reply.ok or reply.status in (Status.GONE, Status.CONFLICT):
             # Deleted; or gone already; or changed since (its event says what it is now).
             if reply.ok:

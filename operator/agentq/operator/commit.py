@@ -94,17 +94,17 @@ class Committer:
         # expiry decided before the count moved is decided again, not committed.
         self.credits = credits
 
-    def write_ended(self, task: TaskView, lease: LeaseView | None) -> None:
-        """The write about ``task`` ended: decide it again if something asked meanwhile,
-        or if what the decision was made on has changed (else a lost race would be
-        retried on the same stale state; the watch event that tells us what changed
-        marks the task again)."""
+    def write_ended(self, task: TaskView, lease: LeaseView | None, ticket: int) -> None:
+        """The write ``ticket`` about ``task`` ended: decide it again if something asked
+        meanwhile, or if what the decision was made on has changed (else a lost race
+        would be retried on the same stale state; the watch event that tells us what
+        changed marks the task again)."""
         key = task.key
-        if self.store.end_write(key):
+        if self.store.end_write(key, ticket):
             self.agenda.decide(key)
             return
         record = self.store.tasks.get(key)
-        if record is None:
+        if record is None or record.write != ticket:
             return
         now_lease = self.store.lease_of(task)
         if record.view.resource_version != task.resource_version or (
@@ -116,9 +116,10 @@ class Committer:
             self.agenda.poke()  # it may be queued again
 
     async def apply(
-        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int
+        self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int, ticket: int
     ) -> None:
-        """``credits``: the count of give-backs when the decision was made."""
+        """``credits``: the count of give-backs when the decision was made; ``ticket``: the
+        write's (``Store.start_write``)."""
         key = task.key
         try:
             await self._apply_decision(task, lease, decision, credits)
@@ -130,7 +131,7 @@ class Committer:
             log.warning("write for %s/%s had an unknown outcome: %s", *key, err)
             self.retries.later(key)
         finally:
-            self.write_ended(task, lease)
+            self.write_ended(task, lease, ticket)
 
     async def _apply_decision(
         self, task: TaskView, lease: LeaseView | None, decision: Decision, credits: int

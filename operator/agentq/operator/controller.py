@@ -317,6 +317,7 @@ class Controller:
                 if stop.is_set():
                     return
                 if not self.may_decide():
+                    self.standby()
                     continue
                 try:
                     self.step()
@@ -332,7 +333,27 @@ class Controller:
             await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, timeout))
         self._changed.clear()
 
+    def standby(self) -> None:
+        """Not deciding (a standby, a leader catching up): what the watches recorded is
+        not applied -- a new leader rebuilds everything from the records -- except the
+        finished tasks, which have no record: the cleanup remembers them (its small,
+        bounded entries). So the changes do not pile up while we wait, one per task ever
+        seen, with a full view of every finished one. A leader that may not decide for
+        a moment (its leader Lease not yet renewed) keeps them: its indexes are live."""
+        if self.leading and not self._rebuild:
+            return
+        changed = self.store.changed
+        for key, view in changed.finished.items():
+            self.cleanup.saw(key, view)
+            if view is not None:
+                self.tokens.observe(view.status.fencing_token)
+        changed.clear()
+
     def _next_wakeup(self) -> float:
+        if not self.may_decide():
+            # Timers are a leader's (left over from a lead, they are all past): a standby
+            # wakes when poked (a change, the lead) or every reconcile interval.
+            return self.config.reconcile_interval
         now = self.clock.monotonic()
         soonest = self.config.reconcile_interval
         for due in (self.agenda.timers.next_due(), self.cleanup.next_due()):

@@ -116,8 +116,8 @@ class Decider:
                 self.agenda.at(expires, (TIMER_TASK, key))
         if decision.transition is None and decision.lease is LeaseOp.KEEP and not decision.refusal:
             return False
-        self.store.start_write(record)
-        self.gate.spawn(self.committer.apply(task, lease, decision, self.credits()))
+        ticket = self.store.start_write(record)
+        self.gate.spawn(self.committer.apply(task, lease, decision, self.credits(), ticket))
         return True
 
     def _seen(self, record: TaskRecord, lease: LeaseRecord | None, now: float) -> claims.Seen:
@@ -212,7 +212,14 @@ class Decider:
         """A task timer fired: decide it if its claim's next deadline has come."""
         key = record.key
         if record.redecide_at is not None and record.redecide_at <= now:
-            record.redecide_at = None  # the retry it asked for is this one
+            # The retry it asked for is this one: decided again, whatever the claim's next
+            # deadline (a report whose commit had an unknown outcome, a revocation that
+            # lost a race: the holder's renewals are no decision, so nothing else would).
+            record.redecide_at = None
+            self.agenda.dirty.add(key)
+            return
+        if record.redecide_at is not None:
+            self.agenda.at(record.redecide_at, (TIMER_TASK, key))  # another timer fired first
         if not record.view.active:
             # A retry after a write's unknown outcome (a requeue, an Unschedulable
             # condition, a Lease to delete): the task has no claim to time.

@@ -140,9 +140,9 @@ class Dispatcher:
                     continue
                 queue.pop(namespace, required)
                 budget -= 1
-                self.store.start_write(record, granting=planned[0].worker)
+                ticket = self.store.start_write(record, granting=planned[0].worker)
                 self.publisher.mark((namespace, planned[0].worker))
-                grant = self.gate.spawn(self._grant(scheduler, task, planned[0], token))
+                grant = self.gate.spawn(self._grant(scheduler, task, planned[0], token, ticket))
                 # Counted until done, even if cancelled before it ran (leadership lost).
                 self.grants.add(grant)
                 grant.add_done_callback(self.grants.discard)
@@ -165,7 +165,7 @@ class Dispatcher:
         self._refill = self.gate.spawn(refill())
 
     async def _grant(
-        self, scheduler: Scheduler, task: TaskView, assignment: Assignment, token: int
+        self, scheduler: Scheduler, task: TaskView, assignment: Assignment, token: int, ticket: int
     ) -> None:
         key = task.key
         committer = self.committer
@@ -199,8 +199,8 @@ class Dispatcher:
                 return
             committed = True
             updated = self.store.observe_task(reply.body)
-            if updated is None:
-                return  # deleted meanwhile: no Lease for it
+            if updated is None or updated.uid != task.uid:
+                return  # deleted meanwhile (and maybe re-created): no Lease for it
             lease = self.store.lease_of(updated)
             await self.leases.write_grant(updated, lease.view if lease is not None else None)
             self.stats.grants += 1
@@ -227,4 +227,4 @@ class Dispatcher:
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
             self.retries.later(key)
         finally:
-            committer.write_ended(task, None)
+            committer.write_ended(task, None, ticket)

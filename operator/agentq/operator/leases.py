@@ -78,12 +78,11 @@ class ClaimLeases:
         if reply.ok or reply.status is Status.GONE:
             self.observe(gone(lease), deleted=True)
         elif reply.status is Status.CONFLICT:
-            # Changed since the decision. If we have seen the change already, it was
-            # decided while this delete was in flight and that delete was skipped: decide
-            # again now. Otherwise its event is on its way and will be decided.
-            current = self.store.leases.get(lease.key)
-            if current is not None and current.view.resource_version != lease.resource_version:
-                self.retries.later(key, 0.0)
+            # Changed since the decision (the holder's last renewal, say): its event found
+            # this delete in flight and decided nothing. Decided again a moment later, on
+            # the newer version: a finished task's Lease is never left behind (nor, with
+            # it, the task's record and its TTL).
+            self.retries.later(key)
         elif reply.status is Status.FORBIDDEN:
             self.stats.refused += 1
             log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
@@ -106,7 +105,43 @@ class ClaimLeases:
         elif reply.status is Status.INVALID:
             log.error("revoking Lease %s/%s refused: %s", *lease.key, reply.message)
             self.retries.left_alone(task.key)
-        # CONFLICT / GONE: the Lease changed or went; its event decides again.
+        elif reply.status is Status.CONFLICT:
+            # The Lease changed first -- most often a renewal, which is no decision of its
+            # own (``renews``): decided again a moment later, on its newer version.
+            self.retries.later(task.key)
+        # GONE: the Lease went; its deletion decides again.
+
+    async def _relabel(self, task: TaskView, lease: LeaseView, labels: dict[str, str]) -> None:
+        """The claim's Lease is there but without our ``agentq.dev/lease`` label (someone
+        with Lease rights took it off): the watch, which selects by it, no longer shows
+        the Lease, and the claim would be judged never again. Its labels are put back
+        (a CAS; nothing else of it changes), so the watch shows it again and the claim is
+        judged as any other: renewed, reported on, expired, or tampered with."""
+        log.warning(
+            "the Lease %s/%s of %s lost its %s label; putting it back",
+            lease.namespace,
+            lease.name,
+            task.name,
+            protocol.LABEL_LEASE_KIND,
+        )
+        reply = await self.gate.call(
+            self.kube.patch_lease,
+            lease.namespace,
+            lease.name,
+            lease.resource_version,
+            {"metadata": {"labels": labels}},
+        )
+        if reply.ok and reply.body is not None:
+            self.observe(reply.body)
+        elif reply.status is Status.FORBIDDEN:
+            self.stats.refused += 1
+            log.error("relabelling Lease %s/%s forbidden: %s", *lease.key, reply.message)
+            self.retries.later(task.key, REFUSED_SECONDS)
+        elif reply.status is Status.INVALID:
+            log.error("relabelling Lease %s/%s refused: %s", *lease.key, reply.message)
+            self.retries.left_alone(task.key)
+        else:
+            self.retries.later(task.key)  # changed or gone meanwhile: decided again
 
     def grant_lease_body(self, task: TaskView) -> Body:
         status = task.status
@@ -171,6 +206,8 @@ class ClaimLeases:
             else:
                 foreign = claims.lease_foreign(task, lease)
                 if not foreign and lease.token is not None and lease.token >= token:
+                    if lease.kind != protocol.LEASE_KIND_TASK:
+                        await self._relabel(task, lease, body["metadata"]["labels"])
                     return
                 body["metadata"]["resourceVersion"] = lease.resource_version
                 reply = await self.gate.call(self.kube.replace_lease, task.namespace, name, body)

@@ -17,6 +17,7 @@ Pure data: no I/O; the clock's readings are passed in.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -83,6 +84,7 @@ class TaskRecord:
     busy: bool = False  # a write about it is in flight
     waiting: bool = False  # marked while busy: decided again when the write ends
     granting: str | None = None  # the worker a grant in flight goes to
+    write: int = 0  # which write is in flight (``start_write``'s ticket): only it ends it
 
     @property
     def key(self) -> Key:
@@ -192,6 +194,7 @@ class Store:
         self.worker_tombstones = Tombstones()
         self.changed = Changes()
         self.busy = 0  # task records with a write in flight (``start_write``/``end_write``)
+        self._writes = itertools.count(1)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -278,7 +281,7 @@ class Store:
             # over but a write in flight (it ends as usual).
             self.tasks[key] = fresh = TaskRecord(view)
             if record is not None:
-                fresh.busy, fresh.granting = record.busy, record.granting
+                fresh.busy, fresh.granting, fresh.write = record.busy, record.granting, record.write
         else:
             record.view = view
         self.changed.task(key)
@@ -370,18 +373,22 @@ class Store:
             )
         return not renews(self.task((view.namespace, view.subject)), old, view)
 
-    def start_write(self, record: TaskRecord, *, granting: str | None = None) -> None:
-        """A write about the task is going out (``granting``: a grant to that worker)."""
+    def start_write(self, record: TaskRecord, *, granting: str | None = None) -> int:
+        """A write about the task is going out (``granting``: a grant to that worker);
+        returns its ticket, for ``end_write``."""
         if not record.busy:
             record.busy = True
             self.busy += 1
         record.granting = granting
+        record.write = next(self._writes)
+        return record.write
 
-    def end_write(self, key: Key) -> bool:
-        """The write about task ``key`` ended; returns whether it was marked meanwhile
-        (to be decided again now)."""
+    def end_write(self, key: Key, ticket: int) -> bool:
+        """The write ``ticket`` about task ``key`` ended; returns whether it was marked
+        meanwhile (to be decided again now). A write about a task deleted since ends
+        nothing: its name may be a new task's by now, with a write of its own out."""
         record = self.tasks.get(key)
-        if record is None:
+        if record is None or record.write != ticket:
             return False
         if record.busy:
             record.busy = False
