@@ -15,15 +15,16 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 # the dependencies and the two wheels only (pip --python installs into it).
 RUN python3 -m venv /opt/build && python3 -m venv --without-pip /opt/agentq
 WORKDIR /src
-# Dependencies first (pinned in pyproject.toml, with the build backend), so a code
-# change reuses this layer and the final image's copy of it. agentq-agent is built
-# below from sdk/ (it has no dependencies of its own).
+# Dependencies first, so a code change reuses this layer and the final image's copy of
+# it: every package, transitive ones included, from the lock files (requirements/,
+# `make lock`), each file checked against its sha256; nothing else is resolved.
+# agentq-agent is built below from sdk/ (it has no dependencies of its own).
+COPY requirements/runtime.lock requirements/build.lock ./requirements/
+RUN /opt/build/bin/pip --python /opt/agentq/bin/python install --quiet --no-deps \
+      --require-hashes -r requirements/runtime.lock \
+ && /opt/build/bin/pip install --quiet --no-deps --require-hashes -r requirements/build.lock
 COPY pyproject.toml README.md ./
 COPY sdk/pyproject.toml sdk/README.md ./sdk/
-RUN /opt/build/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb")); print("\n".join(r for r in p["project"]["dependencies"] if not r.startswith("agentq-agent")))' > /tmp/requirements.txt \
- && /opt/build/bin/pip --python /opt/agentq/bin/python install --quiet -r /tmp/requirements.txt \
- && /opt/build/bin/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))' > /tmp/build-requirements.txt \
- && /opt/build/bin/pip install --quiet -r /tmp/build-requirements.txt
 COPY operator ./operator
 COPY sdk/src ./sdk/src
 # The two wheels, installed under /stage (as they will lie in /opt/agentq) so that the
