@@ -101,8 +101,8 @@ e2e: venv node image
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
 
 lint: venv
-	$(BIN)/ruff check operator sdk tools tests bench e2e requirements
-	$(BIN)/ruff format --check operator sdk tools tests bench e2e requirements
+	$(BIN)/ruff check operator sdk tools tests bench e2e image requirements
+	$(BIN)/ruff format --check operator sdk tools tests bench e2e image requirements
 
 typecheck: venv
 	$(BIN)/mypy
