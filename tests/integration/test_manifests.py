@@ -35,6 +35,8 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
         ("ClusterRole", "agentq-agent"),
         ("ValidatingAdmissionPolicy", "agentq-agent-writes"),
         ("ValidatingAdmissionPolicyBinding", "agentq-agent-writes"),
+        ("ValidatingAdmissionPolicy", "agentq-operator-leases"),
+        ("ValidatingAdmissionPolicyBinding", "agentq-operator-leases"),
     ]:
         assert (kind, name) in objects, (kind, name)
     operator = objects[("Deployment", "agentq-operator")]
@@ -91,7 +93,9 @@ def test_the_operator_works_with_exactly_its_own_account(
         token(core, "agentq-system", "agentq-operator"),
         tmp_path / "operator.kubeconfig",
     )
-    operator = fleet.operator(env={"KUBECONFIG": str(own)})
+    # Its election Lease and token counter in its own namespace: the admission policy
+    # agentq-operator-leases allows those two names there and no unlabelled Lease else.
+    operator = fleet.operator("--leader-namespace", "agentq-system", env={"KUBECONFIG": str(own)})
     fleet.add_worker(worker("w1").capabilities("llm").max_in_flight(2))
     fleet.agent("w1", "complete", work_seconds=0.2)
     fleet.add_worker(worker("w2").capabilities("llm").max_in_flight(2))
