@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
+.PHONY: help venv lock system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-e2e   no-op tasks through real sidecars vs a plain client's ceiling (docs/benchmarks.md)"
 	@echo "make soak     30 minutes at a steady rate with a short TTL: does anything grow (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
+	@echo "make lock     requirements/*.lock (hashes) from the pyproject pins"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
 	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
@@ -27,13 +28,26 @@ help:
 # local agentq-agent and agentq for the pins of the others): agentq (operator/, the
 # product), agentq-agent (sdk/, the agent SDK) and agentq-dev (tools/, the control
 # plane, demo, simulator); docs/install.md, "Distributions".
-$(STAMP): pyproject.toml sdk/pyproject.toml tools/pyproject.toml
+# Every third-party package comes from requirements/dev.lock, each file checked against
+# its sha256 (--require-hashes); the three local distributions add nothing (--no-deps)
+# and are built with the lock's setuptools (--no-build-isolation).
+$(STAMP): pyproject.toml sdk/pyproject.toml tools/pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
-	$(BIN)/pip install --quiet -e ./sdk -e '.[test,dev]' -e './tools[plot]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/dev.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation \
+	  -e ./sdk -e '.[test,dev]' -e './tools[plot]'
 	touch $@
 
 venv: $(STAMP)
+
+# The lock files (requirements/*.lock) from the pins of the pyproject files, with
+# hashes: run after changing a pin (uv, pinned here, in a virtualenv of its own).
+UV_VERSION := 0.13.8
+lock:
+	$(PYTHON) -m venv .lock-venv
+	.lock-venv/bin/pip install --quiet uv==$(UV_VERSION)
+	PATH="$(CURDIR)/.lock-venv/bin:$$PATH" $(PYTHON) requirements/lock.py
 
 # libfaketime lets a test step the operator's wall clock for real; PostgreSQL's server
 # backs the fenced-sink tests. Installed from Debian's packages when missing and we may
@@ -87,8 +101,8 @@ e2e: venv node image
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
 
 lint: venv
-	$(BIN)/ruff check operator sdk tools tests bench e2e
-	$(BIN)/ruff format --check operator sdk tools tests bench e2e
+	$(BIN)/ruff check operator sdk tools tests bench e2e image requirements
+	$(BIN)/ruff format --check operator sdk tools tests bench e2e image requirements
 
 typecheck: venv
 	$(BIN)/mypy

@@ -404,8 +404,9 @@ def cancel_and_deadline(k: Cluster) -> None:
 
 # Runs inside the agent pod, with nothing but what the kubelet mounted: the pod's
 # own ServiceAccount token, the cluster CA and the Service address.
-FOREIGN_WRITES = r"""
-import json, os, ssl, urllib.error, urllib.request
+# With the pod's own mounted token: the calls a container of that pod makes.
+POD_CLIENT = r"""
+import json, os, ssl, sys, urllib.error, urllib.request
 SA = "/var/run/secrets/kubernetes.io/serviceaccount/"
 token = open(SA + "token").read()
 tls = ssl.create_default_context(cafile=SA + "ca.crt")
@@ -422,7 +423,11 @@ def call(method, path, body=None, ctype="application/json"):
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read()).get("message", "")
+"""
 
+FOREIGN_WRITES = (
+    POD_CLIENT
+    + r"""
 leases = "/apis/coordination.k8s.io/v1/namespaces/%s/leases" % ns
 out = {}
 status, own = call("GET", leases + "/agentq-worker-large")
@@ -437,8 +442,24 @@ out["a task Lease held by another worker"] = call("PUT", leases + "/agentq-task-
 tasks = "/apis/agentq.dev/v1alpha1/namespaces/%s/agenttasks" % ns
 out["an AgentTask"] = call("PATCH", tasks + "/job-000",
     {"metadata": {"labels": {"forged": "yes"}}}, "application/merge-patch+json")
+workers = "/apis/agentq.dev/v1alpha1/namespaces/%s/agentworkers" % ns
+out["pausing or un-pausing its AgentWorker"] = call("PATCH", workers + "/large",
+    {"spec": {"paused": True}}, "application/merge-patch+json")
+out["raising its AgentWorker's weight"] = call("PATCH", workers + "/large",
+    {"spec": {"weight": 1000, "maxInFlight": 1000}}, "application/merge-patch+json")
 print(json.dumps(out))
 """
+)
+
+# The node's heartbeat Lease (kube-node-lease/<node>, argv[1]), as the operator.
+NODE_LEASE_WRITE = (
+    POD_CLIENT
+    + r"""
+path = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/" + sys.argv[1]
+print(json.dumps(call("PATCH", path, {"spec": {"holderIdentity": "agentq"}},
+    "application/merge-patch+json")))
+"""
+)
 
 
 def refusals(k: Cluster) -> None:
@@ -474,3 +495,21 @@ def refusals(k: Cluster) -> None:
         assert status == 403 and "agentq-agent-writes" in message, (what, results[what])
     status, message = results["an AgentTask"]
     assert status == 403 and "cannot patch" in message, results["an AgentTask"]
+    for what in ("pausing or un-pausing its AgentWorker", "raising its AgentWorker's weight"):
+        status, message = results[what]
+        assert status == 403 and "agentq-agent-writes" in message, (what, results[what])
+
+    # The operator's own token on the node's heartbeat: refused by agentq-operator-leases.
+    node_lease = k.leases.list_namespaced_lease("kube-node-lease").items[0]
+    operator = k.core.list_namespaced_pod(
+        "agentq-system", label_selector="app.kubernetes.io/name=agentq-operator"
+    ).items[0]
+    out = k.kubectl(
+        "-n", "agentq-system", "exec", operator.metadata.name, "-c", "operator", "--",
+        "python3", "-c", NODE_LEASE_WRITE, node_lease.metadata.name,
+    )  # fmt: skip
+    status, message = json.loads(out.strip().splitlines()[-1])
+    say(f"  with operator {operator.metadata.name}'s token, the node's Lease: {status}")
+    assert status == 403 and "agentq-operator-leases" in message, (status, message)
+    after = k.leases.read_namespaced_lease(node_lease.metadata.name, "kube-node-lease")
+    assert after.spec.holder_identity == node_lease.spec.holder_identity

@@ -148,35 +148,48 @@ def agentq_installed(
 
 
 def wait_policy_in_force(control_plane: ControlPlane, timeout: float = 60) -> None:
-    """Until the API server enforces agentq-agent-writes: it loads a new policy some time
-    after the write (a test that ran at once saw a foreign write accepted). The probe is
-    a dry-run create of a Lease in another namespace than the account's, as an agent
-    account impersonated with group system:masters (so RBAC allows it and the policy alone
-    can refuse)."""
-    api = control_plane.api_client()
-    api.set_default_header("Impersonate-User", "system:serviceaccount:agentq-probe:agentq-agent-p")
-    api.set_default_header("Impersonate-Group", "system:masters")
-    leases = client.CoordinationV1Api(api)
-    probe = client.V1Lease(
-        metadata=client.V1ObjectMeta(
-            name="agentq-worker-p", labels={"agentq.dev/lease": "worker", "agentq.dev/worker": "p"}
+    """Until the API server enforces both admission policies, agentq-agent-writes and
+    agentq-operator-leases: it loads a new policy some time after the write (a test that
+    ran at once saw a foreign write accepted). Each probe is a dry-run create of a Lease
+    the policy refuses (an agent's in another namespace than its account's; an unlabelled
+    one of the operator's), as the account impersonated with group system:masters (so
+    RBAC allows it and the policy alone can refuse)."""
+    probes = {
+        "agentq-agent-writes": (
+            "system:serviceaccount:agentq-probe:agentq-agent-p",
+            client.V1ObjectMeta(
+                name="agentq-worker-p",
+                labels={"agentq.dev/lease": "worker", "agentq.dev/worker": "p"},
+            ),
         ),
-        spec=client.V1LeaseSpec(holder_identity="p", lease_duration_seconds=10),
-    )
+        "agentq-operator-leases": (
+            "system:serviceaccount:agentq-probe:agentq-operator",
+            client.V1ObjectMeta(name="agentq-probe"),
+        ),
+    }
     deadline = time.monotonic() + timeout
-    try:
-        while True:
-            try:
-                leases.create_namespaced_lease("default", probe, dry_run="All")
-            except ApiException as err:
-                if err.status == 403 and "agentq-agent-writes" in str(err.body):
-                    return
-                raise
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the admission policy is not in force after {timeout}s")
-            time.sleep(0.2)
-    finally:
-        api.close()
+    for policy, (user, metadata) in probes.items():
+        api = control_plane.api_client()
+        api.set_default_header("Impersonate-User", user)
+        api.set_default_header("Impersonate-Group", "system:masters")
+        leases = client.CoordinationV1Api(api)
+        probe = client.V1Lease(
+            metadata=metadata,
+            spec=client.V1LeaseSpec(holder_identity="p", lease_duration_seconds=10),
+        )
+        try:
+            while True:
+                try:
+                    leases.create_namespaced_lease("default", probe, dry_run="All")
+                except ApiException as err:
+                    if err.status == 403 and policy in str(err.body):
+                        break
+                    raise
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"admission policy {policy} not in force after {timeout}s")
+                time.sleep(0.2)
+        finally:
+            api.close()
 
 
 @pytest.fixture

@@ -278,3 +278,71 @@ def test_the_policy_refuses_them_even_where_rbac_would_allow(
     other.create_namespaced_lease(
         namespace, lease("agentq-worker-beta", holder="x", kind="worker", worker="beta")
     )
+
+
+def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
+    setup: tuple[Agent, client.CoordinationV1Api], control_plane: ControlPlane, namespace: str
+) -> None:
+    """A person registered worker alpha and drained it (``agentq drain``: paused); its
+    sidecar's token may not un-pause it, raise its weight or maxInFlight, add a
+    capability, or touch its metadata; it may lower and narrow them (its flags say less)."""
+    agent, _ = setup
+    admin = client.CustomObjectsApi(control_plane.api_client())
+    admin.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "agentworkers",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "AgentWorker",
+            "metadata": {"name": "alpha", "labels": {"team": "a"}},
+            "spec": {
+                "capabilities": ["llm", "gpu"],
+                "weight": 2,
+                "maxInFlight": 4,
+                "paused": True,
+            },
+        },
+    )
+
+    def patch(body: dict[str, Any]) -> Any:
+        return agent.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "agentworkers", "alpha", body
+        )
+
+    says = "may not change spec.paused"
+    refused(lambda: patch({"spec": {"paused": False}}), says=says)
+    raising = "may only lower weight and maxInFlight and narrow capabilities"
+    for spec in (
+        {"weight": 3},
+        {"weight": 2.5},
+        {"maxInFlight": 5},
+        {"capabilities": ["llm", "gpu", "code"]},
+        {"capabilities": ["code"]},
+        {"weight": 1, "maxInFlight": 100},
+    ):
+        refused(lambda spec=spec: patch({"spec": spec}), says=raising)
+    refused(lambda: patch({"metadata": {"labels": {"team": "b"}}}), says="labels")
+    refused(lambda: patch({"metadata": {"finalizers": ["x.dev/keep"]}}), says="finalizers")
+
+    lowered = patch({"spec": {"weight": 0.5, "maxInFlight": 2, "capabilities": ["llm"]}})
+    assert lowered["spec"] == {
+        "capabilities": ["llm"],
+        "weight": 0.5,
+        "maxInFlight": 2,
+        "paused": True,
+    }
+    # Once lowered, raising back to what the person had set is a person's again.
+    refused(lambda: patch({"spec": {"weight": 2}}), says=raising)
+    body = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentworkers", "alpha")
+    assert body["spec"]["paused"] is True and body["metadata"]["labels"] == {"team": "a"}
+    # The person may do all of it.
+    admin.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "agentworkers",
+        "alpha",
+        {"spec": {"paused": False, "weight": 8, "capabilities": ["llm", "code"]}},
+    )

@@ -4,11 +4,15 @@ with exactly the ServiceAccount and RBAC they install (a missing rule fails here
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from kubernetes import client
 
 from accounts import bound_pod, kubeconfig_for_token, token
@@ -35,6 +39,8 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
         ("ClusterRole", "agentq-agent"),
         ("ValidatingAdmissionPolicy", "agentq-agent-writes"),
         ("ValidatingAdmissionPolicyBinding", "agentq-agent-writes"),
+        ("ValidatingAdmissionPolicy", "agentq-operator-leases"),
+        ("ValidatingAdmissionPolicyBinding", "agentq-operator-leases"),
     ]:
         assert (kind, name) in objects, (kind, name)
     operator = objects[("Deployment", "agentq-operator")]
@@ -47,6 +53,23 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
     assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp"}
     assert {"AGENTQ_LEADER_NAMESPACE"} <= {e["name"] for e in container["env"]}
     assert container["image"] == "agentq:dev"
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # Scheduled ahead of ordinary pods; evicted one replica at a time; reachable only on
+    # its metrics port, only from a namespace labelled for it.
+    assert pod["priorityClassName"] == "agentq-operator"
+    assert objects[("PriorityClass", "agentq-operator")]["value"] > 0
+    labels = operator["spec"]["selector"]["matchLabels"]
+    budget = objects[("PodDisruptionBudget", "agentq-operator")]["spec"]
+    assert budget["selector"]["matchLabels"] == labels and budget["maxUnavailable"] == 1
+    network = objects[("NetworkPolicy", "agentq-operator")]["spec"]
+    assert network["podSelector"]["matchLabels"] == labels
+    assert network["policyTypes"] == ["Ingress"]
+    (rule,) = network["ingress"]
+    assert rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"agentq.dev/metrics-access": "allow"}}}
+    ]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
     # The agent role: no delete, no AgentTask writes, no status writes.
     agent_rules = objects[("ClusterRole", "agentq-agent")]["rules"]
     for rule in agent_rules:
@@ -91,7 +114,9 @@ def test_the_operator_works_with_exactly_its_own_account(
         token(core, "agentq-system", "agentq-operator"),
         tmp_path / "operator.kubeconfig",
     )
-    operator = fleet.operator(env={"KUBECONFIG": str(own)})
+    # Its election Lease and token counter in its own namespace: the admission policy
+    # agentq-operator-leases allows those two names there and no unlabelled Lease else.
+    operator = fleet.operator("--leader-namespace", "agentq-system", env={"KUBECONFIG": str(own)})
     fleet.add_worker(worker("w1").capabilities("llm").max_in_flight(2))
     fleet.agent("w1", "complete", work_seconds=0.2)
     fleet.add_worker(worker("w2").capabilities("llm").max_in_flight(2))
@@ -212,3 +237,75 @@ def _ready(fleet: Fleet, name: str) -> bool:
             return False
         raise
     return bool((body.get("status") or {}).get("phase") == "Ready")
+
+
+IMAGE = "registry.example/team/agentq:0.1.0"
+
+
+def _images(objects: list[dict[str, Any]]) -> set[str]:
+    found = set()
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"):
+            spec = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]
+            for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+                found.add(c["image"])
+    return found
+
+
+def test_one_image_override_reaches_every_component_examples_included(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The documented real-cluster path: the image set once reaches the operator, the
+    agent base and the examples (which go through manifests/agent/). Two ways: in
+    manifests/image/ (the one place the tree names it), or one `images:` entry of an
+    overlay; either way no `agentq:dev` is left."""
+    kubectl = control_plane.kubectl_path
+    # The tree as shipped names agentq:dev everywhere, from that one place.
+    for directory in (MANIFESTS, MANIFESTS / "agent", MANIFESTS / "examples"):
+        assert _images(kustomize(kubectl, directory)) == {"agentq:dev"}, directory
+
+    # 1. A copy of the tree with the image set in manifests/image/ alone.
+    tree = tmp_path / "tree"
+    shutil.copytree(MANIFESTS, tree / "manifests")
+    shutil.copytree(MANIFESTS.parent / "crds", tree / "crds")
+    component = tree / "manifests" / "image" / "kustomization.yaml"
+    body = yaml.safe_load(component.read_text())
+    name, tag = IMAGE.rsplit(":", 1)
+    body["images"] = [{"name": "agentq", "newName": name, "newTag": tag}]
+    component.write_text(yaml.safe_dump(body))
+    for sub in ("", "agent", "examples"):
+        rendered = subprocess.run(
+            [kubectl, "kustomize", str(tree / "manifests" / sub)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        assert "agentq:dev" not in rendered, sub
+        assert _images([d for d in yaml.safe_load_all(rendered) if d]) == {IMAGE}, sub
+
+    # 2. An overlay of the shipped tree: one `images:` entry, every component follows.
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    overlay.joinpath("kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [
+                    os.path.relpath(MANIFESTS, overlay),
+                    os.path.relpath(MANIFESTS / "examples", overlay),
+                ],
+                "images": [{"name": "agentq", "newName": name, "newTag": tag}],
+            }
+        )
+    )
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "agentq:dev" not in rendered
+    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    assert _images(objects) == {IMAGE}
+    assert {"agentq-operator", "agent-example"} <= {
+        o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"
+    }
