@@ -154,7 +154,7 @@ class Pair:
     worker: str
     sidecar: Proc
     agent: Proc
-    port: int = 0  # the sidecar's agent API (and its /metrics)
+    port: int = 0  # the sidecar's /metrics (its own port; the agent API's for older trees)
 
     async def api_requests(self, session: aiohttp.ClientSession) -> collections.Counter[str]:
         """The sidecar's own count of its API requests, by "resource verb"."""
@@ -166,6 +166,20 @@ class Pair:
         ]:
             out[f"{labels.get('resource')} {labels.get('verb')}"] += int(value)
         return out
+
+
+def _without_flags(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` without each of ``flags`` and the value after it."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        else:
+            out.append(arg)
+    return out
 
 
 # -- what a task went through --------------------------------------------------------
@@ -700,17 +714,24 @@ class Rig:
         ``work_seconds``."""
         assert self.state is not None
         for worker in workers:
-            port = free_port()
+            port, metrics_port = free_port(), free_port()
             sidecar_argv, agent_argv = agentsim.pair_commands(
                 worker=worker,
                 namespace=ns,
                 port=port,
+                token_file=str(self.workdir / f"sidecar-token-{worker}"),
+                metrics_port=metrics_port,
                 behaviour="complete",
                 kubeconfig=self.state.kubeconfig,
                 identity=f"{worker}-pod",
                 sidecar_flags={"log_level": self.log_level} if self.log_level else {},
                 agent_flags={"work_seconds": work_seconds},
             )
+            if not self._authenticated_sidecar():
+                # An older tree (--src) has neither flag: its API is open, /metrics on it.
+                sidecar_argv = _without_flags(sidecar_argv, "--token-file", "--metrics-listen")
+                agent_argv = _without_flags(agent_argv, "--token-file")
+                metrics_port = port
             sidecar = Proc(
                 f"sidecar-{worker}",
                 sidecar_argv,
@@ -725,8 +746,15 @@ class Rig:
                 on_line=on_line,
             )
             self.procs += [sidecar, agent]
-            self.pairs.append(Pair(worker, sidecar, agent, port))
+            self.pairs.append(Pair(worker, sidecar, agent, metrics_port))
         return self.pairs
+
+    def _authenticated_sidecar(self) -> bool:
+        """Whether the sidecar that runs has --token-file (this tree's does)."""
+        if self.src is None:
+            return True
+        command = self.src / "operator" / "agentq" / "sidecar" / "command.py"
+        return command.exists() and "--token-file" in command.read_text()
 
     async def wait_workers_ready(self, ns: str, count: int, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout

@@ -231,34 +231,43 @@ def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     idle_after = lease_requests(bench)
     idle = sum(idle_after.values()) - sum(idle_before.values())
     background = idle * args.window / idle_seconds
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
+    held = SidecarClient(
+        f"http://127.0.0.1:{port}", token_file=bench.workdir / "sidecar-token-held"
+    )
     sidecar_argv, agent_argv = agentsim.pair_commands(
         worker="held",
         namespace=bench.namespace,
         port=port,
+        token_file=held.token_file,
+        metrics_port=metrics_port,
         behaviour="hold",
         kubeconfig=bench.kubeconfig,
         identity="held-pod",
         sidecar_flags={"capabilities": "bench", "max_in_flight": args.tasks},
     )
     sidecar = bench.spawn("sidecar-held", sidecar_argv)
-    url = f"http://127.0.0.1:{port}"
+    # Health and metrics on the sidecar's own port for them (no secret needed there).
+    url = f"http://127.0.0.1:{metrics_port}"
     bench.wait("the sidecar", lambda: _up(url))
     time.sleep(2)
     rss_idle = rss_kib(sidecar.pid)
     agent = bench.spawn("agent-held", agent_argv)
-    probe_port = free_port()
+    probe_port, probe_metrics_port = free_port(), free_port()
+    probe_token = bench.workdir / "sidecar-token-probe"
     probe_argv, _ = agentsim.pair_commands(
         worker="probe",
         namespace=bench.namespace,
         port=probe_port,
+        token_file=str(probe_token),
+        metrics_port=probe_metrics_port,
         kubeconfig=bench.kubeconfig,
         identity="probe-pod",
         sidecar_flags={"capabilities": "probe", "max_in_flight": args.probes},
     )
     bench.spawn("sidecar-probe", probe_argv)
     probe_url = f"http://127.0.0.1:{probe_port}"
-    bench.wait("the probe sidecar", lambda: _up(probe_url))
+    bench.wait("the probe sidecar", lambda: _up(f"http://127.0.0.1:{probe_metrics_port}"))
     bench.wait("the AgentWorkers", lambda: _workers(bench) == 2)
     operator = bench.spawn(
         "operator",
@@ -292,7 +301,7 @@ def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     bench.wait("all probe tasks Assigned", lambda: phases("probe-", "Assigned") == args.probes)
 
     # (2b) first heartbeat -> the Lease renewed, as a reader of the API server sees it.
-    probe = SidecarClient(probe_url)
+    probe = SidecarClient(probe_url, token_file=probe_token)
     first_beat: list[float] = []
     for assignment in _assignments(probe, args.probes):
         lease_name = protocol.task_lease_name(assignment.task)
@@ -310,13 +319,13 @@ def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
 
     # (1) requests per renewal over the window, and (3) RSS with the claims held.
     server_before = lease_requests(bench)
-    held_before = get_json(f"{url}/v1/status")
-    probe_before = get_json(f"{probe_url}/v1/status")
+    held_before = held.request("GET", "/v1/status")
+    probe_before = probe.request("GET", "/v1/status")
     metrics_before = get_text(f"{url}/metrics")
     time.sleep(args.window)
     server_after = lease_requests(bench)
-    held_after = get_json(f"{url}/v1/status")
-    probe_after = get_json(f"{probe_url}/v1/status")
+    held_after = held.request("GET", "/v1/status")
+    probe_after = probe.request("GET", "/v1/status")
     metrics_after = get_text(f"{url}/metrics")
     rss_held = rss_kib(sidecar.pid)
 

@@ -15,6 +15,11 @@
    its allowed attempts; the standby operator took over; and a real agent pod's
    own token is refused (policy or RBAC) for another worker's Lease, for a task
    Lease it does not hold, and for an AgentTask.
+6. Credentials only where needed: the agent container has no token and the API
+   server takes it for anonymous; the sidecar's agent API refuses a call without the
+   pod's secret, with a wrong one, under a rebinding Host or as a form post, from
+   the agent container; from another pod it cannot be reached at all, while the
+   metrics port can (tests/podchecks.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ from kubernetes import client, config
 
 from manifests import agent_objects, install_base, to_yaml
 from nodetools import Platform
+from podchecks import (
+    FROM_ITS_AGENT,
+    NO_CREDENTIALS,
+    SIDECAR_CALLS,
+    judge_from_another_pod,
+    judge_no_credentials,
+)
 
 NAMESPACE = "agentq-e2e"
 WEIGHTS = {"small": 1, "medium": 2, "large": 4}
@@ -331,6 +343,51 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
 
     refusals(k)
     say("the agent pod's own token was refused for every foreign write")
+
+    credentials_only_where_needed(k)
+
+
+def in_container(k: Cluster, pod: str, container: str, script: str, *args: str) -> Any:
+    """Run a podchecks script with the container's python3; its JSON line."""
+    out = k.kubectl(
+        "-n", NAMESPACE, "exec", pod, "-c", container, "--", "python3", "-c", script, *args
+    )
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def credentials_only_where_needed(k: Cluster) -> None:
+    """Item 1 and 4 of issue 19 on real pods: the agent container cannot authenticate to
+    the API server; the sidecar API wants the pod's secret, and another pod cannot
+    reach it."""
+    large = k.pod_of("large")
+    pod = large.metadata.name
+    spec = large.spec
+    assert spec.automount_service_account_token is False
+    agent_mounts = [m.mount_path for c in spec.containers for m in c.volume_mounts or []]
+    assert not any(p.startswith("/var/run/secrets") for p in agent_mounts), agent_mounts
+
+    found = in_container(k, pod, "agent", NO_CREDENTIALS, NAMESPACE)
+    for what, value in found.items():
+        say(f"  agent container of {pod}: {what}: {str(value)[:160]}")
+    problems = judge_no_credentials(found)
+    assert not problems, problems
+    say("the agent container has no Kubernetes credential: the API server takes it as anonymous")
+
+    api, metrics = "http://127.0.0.1:8700", "http://127.0.0.1:8701"
+    calls = in_container(k, pod, "agent", SIDECAR_CALLS, api, metrics)
+    for what, answer in calls.items():
+        say(f"  from the agent container, {what}: {answer}")
+    assert calls == FROM_ITS_AGENT, calls
+    say("the sidecar API refused every call without the pod's secret, from its own pod")
+
+    other = k.pod_of("small").metadata.name
+    ip = large.status.pod_ip
+    calls = in_container(k, other, "agent", SIDECAR_CALLS, f"http://{ip}:8700", f"http://{ip}:8701")
+    for what, answer in calls.items():
+        say(f"  from pod {other} at {ip}, {what}: {answer}")
+    problems = judge_from_another_pod(calls)
+    assert not problems, problems
+    say(f"from pod {other}, {pod}'s agent API cannot be reached; its metrics port can")
 
 
 def cancel_and_deadline(k: Cluster) -> None:

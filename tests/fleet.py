@@ -23,6 +23,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from agentq import GROUP, VERSION, agentsim, protocol
+from agentq.agent import SidecarClient
 from agentq.controlplane.cluster import free_port
 from builders import TaskBuilder, WorkerBuilder
 
@@ -147,6 +148,23 @@ class AgentPair:
     url: str
     sidecar: Process
     agent: Process
+    token_file: Path
+
+    def client(self, **options: Any) -> SidecarClient:
+        """A client of this pod's agent API, with its secret (as the agent container)."""
+        return SidecarClient(self.url, token_file=self.token_file, **options)
+
+    def secret(self) -> str:
+        return self.token_file.read_text().strip()
+
+    @property
+    def metrics_url(self) -> str:
+        """The sidecar's metrics and health port (from its serving line)."""
+        self.wait_serving()
+        for event in self.sidecar.events():
+            if event.get("event") == "serving":
+                return str(event["metricsUrl"])
+        raise AssertionError("unreachable")
 
     @property
     def pid(self) -> int:
@@ -284,9 +302,10 @@ class Fleet:
             {"metadata": {"annotations": {key: value}}},
         )
 
-    def kubectl(self, *args: str) -> str:
+    def kubectl(self, *args: str, input: str | None = None) -> str:
         done = subprocess.run(
             [self.kubectl_path, "-n", self.namespace, *args],
+            input=input,
             capture_output=True,
             text=True,
             timeout=60,
@@ -370,10 +389,15 @@ class Fleet:
         for key, value in options.items():
             (sidecar_flags if key in SIDECAR_OPTIONS else agent_flags)[key] = value
         port = free_port()
+        n = len(self.processes)
+        # Per worker, as the volume the pod's two containers share: a pair started again
+        # (the pod's sidecar restarted) replaces the secret.
+        token_file = self.workdir / f"sidecar-token-{worker}"
         sidecar_argv, agent_argv = agentsim.pair_commands(
             worker=worker,
             namespace=self.namespace,
             port=port,
+            token_file=str(token_file),
             behaviour=behaviour,
             kubeconfig=kubeconfig or self.kubeconfig,
             identity=identity or f"{worker}-pod",
@@ -381,13 +405,16 @@ class Fleet:
             sidecar_flags=sidecar_flags,
             agent_flags=agent_flags,
         )
-        n = len(self.processes)
         sidecar = Process(sidecar_argv, self.workdir / f"sidecar-{worker}-{n}.log", self._env())
         self.processes.append(sidecar)
         agent = Process(agent_argv, self.workdir / f"agent-{worker}-{n}.log", self._env())
         self.processes.append(agent)
         pair = AgentPair(
-            worker=worker, url=f"http://127.0.0.1:{port}", sidecar=sidecar, agent=agent
+            worker=worker,
+            url=f"http://127.0.0.1:{port}",
+            sidecar=sidecar,
+            agent=agent,
+            token_file=token_file,
         )
         self.pairs.append(pair)
         return pair

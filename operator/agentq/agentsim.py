@@ -52,6 +52,8 @@ def pair_commands(
     worker: str,
     namespace: str,
     port: int,
+    token_file: str,
+    metrics_port: int = 0,
     behaviour: str = "complete",
     kubeconfig: str | None = None,
     identity: str | None = None,
@@ -60,10 +62,12 @@ def pair_commands(
     agent_flags: dict[str, Any] | None = None,
     python: str = sys.executable,
 ) -> tuple[list[str], list[str]]:
-    """The argv of a sidecar and of its agent-sim, talking over 127.0.0.1:``port``.
+    """The argv of a sidecar and of its agent-sim, talking over 127.0.0.1:``port`` with
+    the secret the sidecar writes to ``token_file``; the sidecar's metrics and health on
+    127.0.0.1:``metrics_port`` (0: any free port, shown in its serving line).
 
-    ``sidecar_flags`` / ``agent_flags`` map option names (``worker_lease_seconds``,
-    ``capabilities``; ``work_seconds``, ``beat_seconds``) to values.
+        ``sidecar_flags`` / ``agent_flags`` map option names (``worker_lease_seconds``,
+        ``capabilities``; ``work_seconds``, ``beat_seconds``) to values.
     """
     if behaviour not in BEHAVIOURS:
         raise ValueError(f"unknown behaviour {behaviour!r}; one of {', '.join(BEHAVIOURS)}")
@@ -78,6 +82,10 @@ def pair_commands(
         namespace,
         "--listen",
         f"127.0.0.1:{port}",
+        "--token-file",
+        str(token_file),
+        "--metrics-listen",
+        f"127.0.0.1:{metrics_port}",
     ]
     if kubeconfig:
         sidecar += ["--kubeconfig", kubeconfig]
@@ -91,6 +99,8 @@ def pair_commands(
         "agent-sim",
         "--sidecar",
         f"http://127.0.0.1:{port}",
+        "--token-file",
+        str(token_file),
         "--behaviour",
         behaviour,
     ]
@@ -244,6 +254,11 @@ class _SinkFence:
     help="the sidecar's agent API [AGENTQ_SIDECAR_URL]",
 )
 @click.option(
+    "--token-file",
+    envvar="AGENTQ_SIDECAR_TOKEN_FILE",
+    help="the sidecar's token file [AGENTQ_SIDECAR_TOKEN_FILE; default: /run/agentq/sidecar-token]",
+)
+@click.option(
     "--behaviour",
     envvar="AGENTQ_BEHAVIOUR",
     type=click.Choice(BEHAVIOURS),
@@ -269,11 +284,16 @@ class _SinkFence:
     help="fenced sink URL: sqlite:///path, postgresql://..., configmap://ns/name",
 )
 def agent_sim(
-    url: str, behaviour: str, work_seconds: float, beat_seconds: float | None, sink: str | None
+    url: str,
+    token_file: str | None,
+    behaviour: str,
+    work_seconds: float,
+    beat_seconds: float | None,
+    sink: str | None,
 ) -> None:
     """A simulated agent: takes its sidecar's assignments and behaves as told."""
     sim = AgentSim(
-        SidecarClient(url),
+        SidecarClient(url, token_file=token_file),
         behaviour=behaviour,
         work_seconds=work_seconds,
         beat_seconds=beat_seconds,

@@ -9,11 +9,19 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentq.agent import Assignment, Cancelled, LeaseLost, SidecarClient, SidecarUnavailable
+from agentq.agent import (
+    AgentError,
+    Assignment,
+    Cancelled,
+    LeaseLost,
+    SidecarClient,
+    SidecarUnavailable,
+)
 from agentq.fencing import SQLiteFencedStore, StaleTokenError
 
 
@@ -29,6 +37,8 @@ class FakeSidecar:
         self.cut_reports = 0  # cut the answer to this many reports short
         self.listings: list[list[dict[str, Any]]] = []  # answers to GET, in order (the last stays)
         self.failed_listings = 0  # answer this many GETs 500 (a bug in the sidecar, say)
+        self.secret: str | None = None  # when set, every call must carry it (else 401)
+        self.authorizations: list[str | None] = []  # the Authorization header of each call
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -43,7 +53,17 @@ class FakeSidecar:
                 self.end_headers()
                 self.wfile.write(raw)
 
+            def _refused(self) -> bool:
+                header = self.headers.get("Authorization")
+                fake.authorizations.append(header)
+                if fake.secret is None or header == f"Bearer {fake.secret}":
+                    return False
+                self._answer(401, {"error": "Unauthorized", "message": "the secret is wrong"})
+                return True
+
             def do_GET(self) -> None:
+                if self._refused():
+                    return
                 if fake.failed_listings > 0:
                     fake.failed_listings -= 1
                     self._answer(500, {"error": "Internal", "message": "unexpected"})
@@ -65,6 +85,8 @@ class FakeSidecar:
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if self._refused():
+                    return
                 if self.path.endswith("/heartbeat"):
                     fake.beats.append(body)
                     if len(fake.beats) == fake.cut_beat:
@@ -244,3 +266,53 @@ def test_a_revoked_claim_raises_cancelled_and_fences_the_registered_keys(
         assert revoked.value.code == "Cancelled" and revoked.value.fence_token == 42
         with pytest.raises(StaleTokenError):
             sink.write("job", 41, {"part": 2})  # this attempt's own later write
+
+
+def test_the_secret_is_read_from_the_token_file_named_by_the_environment(
+    fake: FakeSidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_file = tmp_path / "sidecar-token"
+    token_file.write_text("first-secret\n")
+    monkeypatch.setenv("AGENTQ_SIDECAR_TOKEN_FILE", str(token_file))
+    fake.secret = "first-secret"
+    client = SidecarClient(fake.url)
+    assert client.list()[1][0].task == "job"
+    assert fake.authorizations == ["Bearer first-secret"]
+    # The sidecar restarted: a new secret in the file. The next call sends it.
+    token_file.write_text("second-secret\n")
+    fake.secret = "second-secret"
+    client.heartbeat("job", 41)
+    assert fake.authorizations[-1] == "Bearer second-secret"
+
+
+def test_a_401_for_a_secret_that_changed_meanwhile_is_sent_again_once(
+    fake: FakeSidecar, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "sidecar-token"
+    token_file.write_text("old")
+    client = SidecarClient(fake.url, token_file=token_file)
+    fake.secret = "new"
+    real = client._send
+
+    def send_then_restart(*args: Any) -> dict[str, Any]:
+        token_file.write_text("new")  # the sidecar restarted after the file was read
+        return real(*args)
+
+    client._send = send_then_restart  # type: ignore[method-assign]
+    assert client.list()[0] == 1
+    assert fake.authorizations == ["Bearer old", "Bearer new"]
+
+
+def test_without_the_secret_the_401_is_raised_at_once_not_waited_out(
+    fake: FakeSidecar, tmp_path: Path
+) -> None:
+    fake.secret = "the-pods"
+    client = SidecarClient(fake.url, token_file=tmp_path / "missing")
+    with pytest.raises(AgentError) as refused:
+        next(client.assignments(poll=0))
+    assert (refused.value.status, refused.value.code) == (401, "Unauthorized")
+    assert fake.authorizations == [None]
+    wrong = SidecarClient(fake.url, token="guess")
+    with pytest.raises(AgentError):
+        wrong.heartbeat("job", 41)
+    assert fake.authorizations[-1] == "Bearer guess"

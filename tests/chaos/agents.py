@@ -142,6 +142,9 @@ class SidecarAgents:
             worker=worker.name,
             namespace=ctx.namespace,
             port=port,
+            # One file per worker: a sidecar started again replaces its secret, as a
+            # restarted sidecar container does in its pod.
+            token_file=str(ctx.logs / f"sidecar-token-{worker.name}"),
             behaviour=worker.behaviour,
             kubeconfig=ctx.kubeconfig,
             # The same pod restarted, not a new one: a sidecar started again keeps its

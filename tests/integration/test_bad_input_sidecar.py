@@ -3,7 +3,8 @@
 A real ``agentq sidecar`` process serves worker ``sc`` on loopback; the test is the
 agent, well-behaved or not: malformed JSON, unknown tasks, forged or mistyped
 tokens, bodies over the limits, wrong methods and content types, over-long fields,
-deep JSON, broken HTTP, slow and idle connections. Each request must get a clear
+deep JSON, broken HTTP, slow and idle connections, calls without the pod's secret
+or with a wrong one, a DNS-rebinding Host. Each request must get a clear
 4xx answer (JSON ``{"error", "message"}``) and change nothing; after each case the
 sidecar must still serve (``/healthz``) and a good task must go through it end to
 end (assignment, heartbeat, complete, Succeeded on the API server).
@@ -41,6 +42,7 @@ class Sidecar:
         self.arena = arena
         self.workdir = workdir
         self.port = free_port()
+        self.token_file = workdir / "sidecar-token"
         self.proc: Process | None = None
         arena.fleet.add_worker(worker("sc").capabilities("sc").max_in_flight(2))
 
@@ -62,6 +64,10 @@ class Sidecar:
             self.arena.fleet.kubeconfig,
             "--worker-lease-seconds",
             "4",
+            "--token-file",
+            str(self.token_file),
+            "--metrics-listen",
+            "127.0.0.1:0",
         ]
         self.proc = Process(
             args, self.workdir / f"sidecar-{time.time():.0f}.log", self.arena.fleet._env()
@@ -83,11 +89,17 @@ class Sidecar:
         *,
         content_type: str | None = "application/json",
         headers: dict[str, str] | None = None,
+        secret: str | None = "",
         timeout: float = 20,
     ) -> tuple[int, Any]:
+        """One request, with the pod's secret unless ``secret`` is another (None: none)."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             hdrs = dict(headers or {})
+            if secret == "":
+                secret = self.secret()
+            if secret is not None:
+                hdrs["Authorization"] = f"Bearer {secret}"
             if content_type and body is not None:
                 hdrs["Content-Type"] = content_type
             conn.request(method, path, body=body, headers=hdrs)
@@ -99,6 +111,9 @@ class Sidecar:
             return response.status, json.loads(data)
         except ValueError:
             return response.status, data.decode(errors="replace")
+
+    def secret(self) -> str:
+        return self.token_file.read_text().strip()
 
     def post(self, task_name: str, verb: str, body: Any, **kw: Any) -> tuple[int, Any]:
         raw = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -252,7 +267,17 @@ BODY_CASES = [
         refused_body(
             "complete",
             lambda t: f"token={t}".encode(),
+            (415,),
             content_type="application/x-www-form-urlencoded",
+        ),
+    ),
+    Case(
+        "complete-as-text-plain",
+        refused_body(
+            "complete",
+            lambda t: {"token": t, "result": "as text"},
+            (415,),
+            content_type="text/plain",
         ),
     ),
 ]
@@ -300,6 +325,28 @@ def completed_twice(sc: Sidecar) -> None:
     assert sum(1 for h in history if h["outcome"] == "Succeeded") == 1
 
 
+def not_the_pods_secret(sc: Sidecar) -> None:
+    """Without the secret, with a wrong or an old one, another scheme, or through a
+    rebinding name: refused, and a complete sent that way writes nothing."""
+    name, token = sc.running("intruder")
+    secret = sc.secret()
+    for how, kw, expected in (
+        ("none", {"secret": None}, 401),
+        ("wrong", {"secret": "x" * len(secret)}, 401),
+        ("a prefix", {"secret": secret[:-1]}, 401),
+        ("with a suffix", {"secret": secret + "x"}, 401),
+        ("empty", {"secret": None, "headers": {"Authorization": "Bearer "}}, 401),
+        ("basic", {"secret": None, "headers": {"Authorization": f"Basic {secret}"}}, 401),
+        ("rebinding", {"headers": {"Host": f"attacker.example:{sc.port}"}}, 403),
+    ):
+        status, body = sc.post(name, "complete", {"token": token, "result": "forged"}, **kw)
+        clear_refusal(status, body, (expected,))
+        assert how and body["error"] in ("Unauthorized", "HostNotAllowed"), (how, body)
+    state = sc.arena.status(name)
+    assert state["phase"] == "Running" and "result" not in state, state
+    sc.complete(name, token)
+
+
 def path_case(method: str, path: str, expected: tuple[int, ...]) -> Any:
     def run(sc: Sidecar) -> None:
         status, body = sc.request(method, path, b"{}" if method in ("POST", "PUT") else None)
@@ -310,6 +357,7 @@ def path_case(method: str, path: str, expected: tuple[int, ...]) -> Any:
 
 PATH_CASES = [
     Case("forged-token", forged_token),
+    Case("not-the-pods-secret", not_the_pods_secret),
     Case("unknown-task", unknown_task),
     Case("heartbeat-after-the-attempt-ended", zombie_heartbeat),
     Case("complete-twice", completed_twice),
@@ -347,7 +395,9 @@ def garbage_request_line(sc: Sidecar) -> None:
 
 
 def very_long_path(sc: Sidecar) -> None:
-    answer = raw_exchange(sc.port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = raw_exchange(
+        sc.port, b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    )
     status = answer.split(b"\r\n")[0]
     assert answer.startswith(b"HTTP/1.") and (
         b" 400 " in status or b" 414 " in status or b" 404 " in status
@@ -358,7 +408,7 @@ def lying_content_length(sc: Sidecar) -> None:
     # Announces 1,000 bytes, sends 10, then waits: the sidecar must not wedge on it.
     with socket.create_connection(("127.0.0.1", sc.port), timeout=10) as sock:
         sock.sendall(
-            b"POST /v1/assignments/x/complete HTTP/1.1\r\nHost: x\r\n"
+            b"POST /v1/assignments/x/complete HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"token":'
         )
         started = time.monotonic()
@@ -371,7 +421,7 @@ def slowloris(sc: Sidecar) -> None:
     try:
         for _ in range(50):
             s = socket.create_connection(("127.0.0.1", sc.port), timeout=10)
-            s.sendall(b"GET /v1/assignments HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            s.sendall(b"GET /v1/assignments HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
             socks.append(s)
         for _ in range(3):
             for s in socks:

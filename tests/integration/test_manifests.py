@@ -95,6 +95,7 @@ def test_agent_base_runs_the_sidecar_as_a_native_sidecar(control_plane: ControlP
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
     binding = objects[("RoleBinding", "agentq-agent-example")]
     assert binding["roleRef"]["name"] == "agentq-agent"
+    assert_credentials_only_in_the_sidecar(pod)
     # Rendered for another worker, every reference to the worker follows.
     renamed = _by_kind(agent_objects(control_plane.kubectl_path, worker="large", namespace="ns1"))
     assert ("ServiceAccount", "agentq-agent-large") in renamed
@@ -103,6 +104,68 @@ def test_agent_base_runs_the_sidecar_as_a_native_sidecar(control_plane: ControlP
     assert env["AGENTQ_WORKER"] == "large"
     assert pod["serviceAccountName"] == "agentq-agent-large"
     assert "example" not in str(renamed)
+
+
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def assert_credentials_only_in_the_sidecar(pod: dict[str, Any]) -> None:
+    """The agent container gets no ServiceAccount token; the sidecar mounts a projected
+    one where the in-cluster config looks; the two share one volume, holding the
+    sidecar's secret, read-only for the agent; each has its own HOME and /tmp."""
+    assert pod["automountServiceAccountToken"] is False
+    (sidecar,) = pod["initContainers"]
+    (agent,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {
+        c["name"]: {m["mountPath"]: m for m in c.get("volumeMounts", [])} for c in (sidecar, agent)
+    }
+    account = mounts["sidecar"][SERVICE_ACCOUNT_DIR]
+    assert account.get("readOnly") is True
+    sources = volumes[account["name"]]["projected"]["sources"]
+    assert {next(iter(s)) for s in sources} == {"serviceAccountToken", "configMap", "downwardAPI"}
+    assert [s["configMap"]["name"] for s in sources if "configMap" in s] == ["kube-root-ca.crt"]
+    assert not any(m["name"] == account["name"] for m in mounts["agent"].values())
+    assert not any(p.startswith("/var/run/secrets") for p in mounts["agent"])
+    shared = {m["name"] for m in mounts["sidecar"].values()} & {
+        m["name"] for m in mounts["agent"].values()
+    }
+    assert len(shared) == 1, shared
+    (name,) = shared
+    assert "emptyDir" in volumes[name]
+    (agent_side,) = [m for m in mounts["agent"].values() if m["name"] == name]
+    assert agent_side.get("readOnly") is True
+    env = {c["name"]: {e["name"]: e.get("value") for e in c["env"]} for c in (sidecar, agent)}
+    token_file = env["sidecar"]["AGENTQ_SIDECAR_TOKEN_FILE"]
+    assert env["agent"]["AGENTQ_SIDECAR_TOKEN_FILE"] == token_file
+    assert token_file.startswith(agent_side["mountPath"] + "/")
+    for container in ("sidecar", "agent"):
+        home = env[container]["HOME"]
+        assert home in mounts[container] and "/tmp" in mounts[container], container
+    # Probes and scraping on the metrics port, never the agent API (it wants the secret).
+    assert env["sidecar"]["AGENTQ_SIDECAR_LISTEN"].startswith("127.0.0.1:")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["port"] == "metrics", probe
+
+
+def test_the_agent_pod_passes_the_restricted_pod_security_as_is(fleet: Fleet) -> None:
+    """The agent pod (projected token, emptyDirs, httpGet probes on the metrics port)
+    is admitted by the API server in a namespace enforcing PodSecurity restricted."""
+    fleet.kubectl(
+        "label", "namespace", fleet.namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    objects = agent_objects(fleet.kubectl_path, worker="psa", namespace=fleet.namespace)
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "agent-psa", "namespace": fleet.namespace},
+        "spec": deployment["spec"]["template"]["spec"],
+    }
+    accounts = [o for o in objects if o["kind"] in ("ServiceAccount", "RoleBinding")]
+    fleet.kubectl("apply", "-f", "-", input=to_yaml(accounts))
+    out = fleet.kubectl("apply", "--dry-run=server", "-f", "-", input=to_yaml([pod]))
+    assert "pod/agent-psa created (server dry run)" in out, out
 
 
 def test_the_operator_works_with_exactly_its_own_account(

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,7 @@ LEASE = 3
 
 
 def sidecar_status(pair: AgentPair) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{pair.url}/v1/status", timeout=5) as response:
-        body: dict[str, Any] = json.loads(response.read())
-        return body
+    return pair.client(timeout=5).request("GET", "/v1/status")
 
 
 def wait_event(

@@ -37,6 +37,9 @@ class Held:
         self.url = pair.url
         self.token = token
 
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.pair.secret()}"}
+
 
 @pytest.fixture(scope="module")
 def held(
@@ -209,12 +212,16 @@ def test_bad_requests_get_a_clear_4xx_change_nothing_and_the_sidecar_stays_up(he
     assert reports_before is None
     for case_id, method, path, body, status, code in bad_requests(held.token):
         got_status, got = call(
-            held.url, method, path, body or None, {"Content-Type": "application/json"}
+            held.url,
+            method,
+            path,
+            body or None,
+            {"Content-Type": "application/json", **held.auth()},
         )
         assert (got_status, got.get("error")) == (status, code), (case_id, got_status, got)
         assert isinstance(got.get("message"), str) and got["message"], (case_id, got)
     # Nothing changed: the claim is live, unreported, still held with the same token.
-    status, assignment = call(held.url, "GET", "/v1/assignments/job")
+    status, assignment = call(held.url, "GET", "/v1/assignments/job", headers=held.auth())
     assert status == 200 and assignment["token"] == held.token
     assert assignment["state"] == "active"
     lease = held.fleet.task_lease("job")
@@ -222,7 +229,7 @@ def test_bad_requests_get_a_clear_4xx_change_nothing_and_the_sidecar_stays_up(he
     assert protocol.ANNOTATION_REPORT not in (lease.metadata.annotations or {})
     assert protocol.lease_token(lease.metadata.annotations) == held.token
     assert held.fleet.task("job")["status"]["phase"] == "Running"
-    assert call(held.url, "GET", "/healthz")[0] == 200
+    assert call(held.url, "GET", "/healthz", headers=held.auth())[0] == 200
     assert held.pair.sidecar.popen.poll() is None
     # And it still renews: the agent keeps beating, the Lease keeps changing.
     renew_before = lease.spec.renew_time
@@ -238,6 +245,7 @@ def test_a_valid_token_still_gets_through(held: Held) -> None:
         "POST",
         BEAT,
         json.dumps({"token": held.token, "progress": "from the test"}).encode(),
+        {"Content-Type": "application/json", **held.auth()},
     )
     assert status == 200 and body["token"] == held.token and body["progress"] == "from the test"
     assert body["leaseRemainingSeconds"] > 0
@@ -256,5 +264,121 @@ def test_the_api_matches_its_openapi_description(case: Any, held: Held) -> None:
             query["wait"] = 0.1
     except (TypeError, ValueError):
         pass
-    case.call_and_validate(base_url=held.url, timeout=30)
+    case.call_and_validate(base_url=held.url, timeout=30, headers=held.auth())
     assert held.pair.sidecar.popen.poll() is None
+
+
+# -- who may call -------------------------------------------------------------------------
+
+
+def guard_cases(held: Held) -> list[tuple[str, str, str, bytes | None, dict[str, str], int, str]]:
+    """(id, method, path, body, headers, expected status, expected error code)."""
+    secret = held.pair.secret()
+    beat = json.dumps({"token": held.token}).encode()
+    good = {"Authorization": f"Bearer {secret}"}
+    json_type = {"Content-Type": "application/json"}
+    return [
+        ("no-credential", "GET", "/v1/assignments", None, {}, 401, "Unauthorized"),
+        ("no-credential-beat", "POST", BEAT, beat, json_type, 401, "Unauthorized"),
+        ("no-credential-status", "GET", "/v1/status", None, {}, 401, "Unauthorized"),
+        ("no-credential-health", "GET", "/healthz", None, {}, 401, "Unauthorized"),
+        ("no-credential-unknown-path", "GET", "/v1/nothing", None, {}, 401, "Unauthorized"),
+        (
+            "wrong-secret",
+            "GET",
+            "/v1/assignments",
+            None,
+            {"Authorization": f"Bearer {secret[:-1]}x"},
+            401,
+            "Unauthorized",
+        ),
+        (
+            "wrong-secret-complete",
+            "POST",
+            DONE,
+            beat,
+            {"Authorization": "Bearer guess", **json_type},
+            401,
+            "Unauthorized",
+        ),
+        (
+            "basic-scheme",
+            "GET",
+            "/v1/assignments",
+            None,
+            {"Authorization": f"Basic {secret}"},
+            401,
+            "Unauthorized",
+        ),
+        (
+            "rebinding-host",
+            "GET",
+            "/v1/assignments",
+            None,
+            {"Host": "evil.example:8700", **good},
+            403,
+            "HostNotAllowed",
+        ),
+        ("form-post", "POST", BEAT, b"token=1", good, 415, "UnsupportedMediaType"),
+        (
+            "text-post",
+            "POST",
+            DONE,
+            beat,
+            {"Content-Type": "text/plain", **good},
+            415,
+            "UnsupportedMediaType",
+        ),
+    ]
+
+
+def test_a_call_without_the_pods_secret_or_from_a_browser_is_refused(held: Held) -> None:
+    lease_before = held.fleet.task_lease("job")
+    assert lease_before is not None
+    for case_id, method, path, body, headers, status, code in guard_cases(held):
+        got_status, got = call(held.url, method, path, body, headers)
+        assert (got_status, got.get("error")) == (status, code), (case_id, got_status, got)
+        assert isinstance(got.get("message"), str) and got["message"], (case_id, got)
+    # A refused complete wrote nothing: the claim is live and unreported.
+    lease = held.fleet.task_lease("job")
+    assert lease is not None
+    assert protocol.ANNOTATION_REPORT not in (lease.metadata.annotations or {})
+    assert held.fleet.task("job")["status"]["phase"] == "Running"
+    # Loopback names, an IP literal and JSON with a charset all pass.
+    for host in ("localhost:1", "127.0.0.1", "[::1]:8700", "LOCALHOST."):
+        got_status, _ = call(held.url, "GET", "/v1/status", None, {"Host": host, **held.auth()})
+        assert got_status == 200, host
+    got_status, _ = call(
+        held.url,
+        "POST",
+        BEAT,
+        json.dumps({"token": held.token}).encode(),
+        {"Content-Type": "application/json; charset=utf-8", **held.auth()},
+    )
+    assert got_status == 200
+
+
+def test_the_401_says_where_the_secret_is(held: Held) -> None:
+    request = urllib.request.Request(held.url + "/v1/assignments")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    assert refused.value.headers["WWW-Authenticate"].startswith("Bearer")
+    body = json.loads(refused.value.read())
+    assert str(held.pair.token_file) in body["message"], body
+
+
+def test_metrics_and_health_on_their_own_port_need_no_secret(held: Held) -> None:
+    metrics = held.pair.metrics_url
+    assert call(held.url, "GET", "/v1/status")[0] == 401
+    with urllib.request.urlopen(metrics + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    assert "agentq_sidecar_heartbeats_total" in text
+    # Refusals are counted, by code.
+    assert 'agentq_sidecar_agent_errors_total{code="Unauthorized"}' in text, text[-2000:]
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(metrics + path, timeout=10) as response:
+            assert response.status == 200, path
+    # Nothing of the agent API there; and no metrics on the API port.
+    assert call(metrics, "GET", "/v1/assignments")[0] == 404
+    assert call(held.url, "GET", "/metrics", headers=held.auth())[0] == 404

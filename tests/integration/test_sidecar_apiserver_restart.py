@@ -5,12 +5,10 @@ is back. On a control plane of its own, so the restart disturbs no other test.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import pytest
 from agentq.controlplane import Cluster
 from agentq.controlplane.cluster import ClusterState
 from builders import task, worker
-from fleet import Fleet
+from fleet import AgentPair, Fleet
 
 # A control plane of its own: one such module at a time (see tests/conftest.py).
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("own-cluster")]
@@ -47,10 +45,8 @@ def restart_apiserver(cluster: Cluster, state: ClusterState, down_seconds: float
     cluster._save(state)
 
 
-def status(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{url}/v1/status", timeout=5) as response:
-        body: dict[str, Any] = json.loads(response.read())
-        return body
+def status(pair: AgentPair) -> dict[str, Any]:
+    return pair.client(timeout=5).request("GET", "/v1/status")
 
 
 def kubectl(
@@ -92,7 +88,7 @@ def test_the_sidecar_rides_out_an_api_server_restart(
         fleet.add_task(task("job").requires("llm").lease(30))
         held = fleet.wait_phase("job", "Running", timeout=60)["status"]
         operator.stop()  # the operator's own recovery is not under test here
-        before = status(pair.url)
+        before = status(pair)
         assert before["workerLeaseHeld"] and before["watchSynced"]
         lease = fleet.task_lease("job")
         assert lease is not None
@@ -100,7 +96,7 @@ def test_the_sidecar_rides_out_an_api_server_restart(
 
         restart_apiserver(cluster, state, down_seconds=5)
         # Meanwhile the sidecar goes on serving its agent (it answers from memory).
-        assert status(pair.url)["assignments"] == 1
+        assert status(pair)["assignments"] == 1
         wait_apiserver(state)
         fleet.api.close()
         fleet.api = fleet_api = __import__("kubernetes").config.new_client_from_config(
@@ -110,7 +106,7 @@ def test_the_sidecar_rides_out_an_api_server_restart(
 
         deadline = time.monotonic() + 60
         while True:
-            now = status(pair.url)
+            now = status(pair)
             lease = fleet.task_lease("job")
             if (
                 now["watchSynced"]
@@ -126,8 +122,7 @@ def test_the_sidecar_rides_out_an_api_server_restart(
         assert pair.sidecar.popen.poll() is None, pair.sidecar.text()
         assert pair.agent.popen.poll() is None, pair.agent.text()
         assert lease.spec.holder_identity == "a"
-        with urllib.request.urlopen(f"{pair.url}/v1/assignments/job", timeout=5) as response:
-            assignment = json.loads(response.read())
+        assignment = pair.client(timeout=5).request("GET", "/v1/assignments/job")
         assert assignment["token"] == held["fencingToken"] and assignment["state"] == "active"
         assert now["workerLeaseHeld"]
     finally:

@@ -222,12 +222,31 @@ def from_kubeconfig(
     )
 
 
-def load(kubeconfig: str | Path | None = None) -> KubeConfig:
-    """A named kubeconfig; else the pod's account when in a pod; else the default kubeconfig."""
+def in_pod() -> bool:
+    """Whether this process runs in a Kubernetes pod (the kubelet set the Service address)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def load(
+    kubeconfig: str | Path | None = None,
+    *,
+    account_dir: Path | None = None,
+    home_fallback: bool = True,
+) -> KubeConfig:
+    """A named kubeconfig; else the pod's account when in a pod; else the default
+    kubeconfig (``$KUBECONFIG``, ``~/.kube/config``) unless ``home_fallback`` is False:
+    then a missing pod account is an error, never a file someone else could plant."""
     if kubeconfig is None:
-        found = in_cluster()
+        found = in_cluster(account_dir)
         if found is not None:
             return found
+        if not home_fallback:
+            account = account_dir or SERVICE_ACCOUNT_DIR
+            raise ConfigError(
+                f"no ServiceAccount token at {account / 'token'} (is the projected token "
+                "volume mounted into this container?) and no kubeconfig named: in a pod "
+                "the sidecar does not fall back to $KUBECONFIG or ~/.kube/config"
+            )
     return from_kubeconfig(kubeconfig)
 
 
@@ -238,6 +257,7 @@ __all__ = [
     "contexts",
     "from_kubeconfig",
     "in_cluster",
+    "in_pod",
     "kubeconfig_files",
     "load",
 ]

@@ -1,5 +1,8 @@
 """The agent's HTTP API (aiohttp), served on loopback; described in docs/agent-api.md
-and docs/agent-api.openapi.yaml.
+and docs/agent-api.openapi.yaml. Every call passes the ``auth.Guard`` first (Host,
+the pod's secret, Content-Type). Metrics and health are also served, without the
+secret, by a second app on a port of their own (``health_app``), so they can be
+scraped and probed without exposing the API.
 
 Handlers never call the API server for a heartbeat: they record it and wake the
 renewal loop. Only complete and fail write (the report, on the claim's Lease)
@@ -24,6 +27,7 @@ from agentq import protocol
 from agentq.clock import Clock
 from agentq.sidecar import agent_input, metrics
 from agentq.sidecar.attempts import AgentError, Attempt, Attempts
+from agentq.sidecar.auth import Guard
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.renewer import Renewer
 from agentq.sidecar.watcher import TaskLeaseWatcher
@@ -54,6 +58,7 @@ class AgentApi:
         namespace: str,
         identity: str,
         loops: Callable[[], list[str]],
+        guard: Guard,
     ) -> None:
         self.clock = clock
         self.attempts = attempts
@@ -66,10 +71,11 @@ class AgentApi:
         self.identity = identity
         self.loops = loops  # names of internal loops that have died (liveness)
         self.stopping = False
+        self.guard = guard
 
     def app(self) -> web.Application:
         app = web.Application(
-            client_max_size=agent_input.MAX_BODY_BYTES, middlewares=[self._errors]
+            client_max_size=agent_input.MAX_BODY_BYTES, middlewares=[self._errors, self._guard]
         )
         app.router.add_get("/v1/assignments", self.list_assignments)
         app.router.add_get("/v1/assignments/{task}", self.get_assignment)
@@ -79,7 +85,15 @@ class AgentApi:
         app.router.add_get("/v1/status", self.status)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        return app
+
+    def health_app(self) -> web.Application:
+        """Metrics and health, for Prometheus and the kubelet's probes: no secret, and
+        nothing an agent's task is made of (no payload, token or result)."""
+        app = web.Application(middlewares=[self._errors])
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
         return app
 
     # -- plumbing ----------------------------------------------------------------------
@@ -90,7 +104,10 @@ class AgentApi:
             return await handler(request)
         except AgentError as err:
             metrics.AGENT_ERRORS.labels(err.code).inc()
-            return _json(err.body(), err.status)
+            response = _json(err.body(), err.status)
+            if err.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="agentq-sidecar"'
+            return response
         except web.HTTPException as err:
             # aiohttp's own refusals (unknown path, wrong method, body too large) as JSON.
             code = {
@@ -116,6 +133,18 @@ class AgentApi:
             return _json(
                 {"error": "Internal", "message": "unexpected error in the sidecar (logged)"}, 500
             )
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # Before routing's answer: a caller without the secret learns nothing, not even
+        # which paths exist.
+        self.guard.check_host(request.headers.get("Host"))
+        self.guard.check_credential(request.headers.get("Authorization"))
+        if request.match_info.http_exception is None:  # else its 404 / 405 is the answer
+            self.guard.check_content_type(
+                request.method, request.body_exists, request.headers.get("Content-Type", "")
+            )
+        return await handler(request)
 
     def _now(self) -> tuple[float, datetime.datetime]:
         return self.clock.monotonic(), self.clock.now()

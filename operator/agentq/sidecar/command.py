@@ -3,9 +3,10 @@
 Every flag can also come from the environment (the names are in ``--help``), so
 the same image runs as a native sidecar container configured by env vars.
 
-Start-up: bind the HTTP API (print one JSON line with the address), then keep
-the worker Lease, watch the worker's task Leases once the worker Lease is held,
-renew, and register the AgentWorker if asked.
+Start-up: make the pod's secret and write it to the token file (``sidecar.auth``),
+bind the HTTP API and the metrics/health port (print one JSON line with both
+addresses), then keep the worker Lease, watch the worker's task Leases once the
+worker Lease is held, renew, and register the AgentWorker if asked.
 
 SIGTERM / SIGINT: stop renewing at once, refuse new agent requests (503),
 let writes already in flight finish (bounded), release the worker Lease so the
@@ -37,6 +38,14 @@ from agentq.models import AgentWorkerSpec
 from agentq.sidecar import metrics
 from agentq.sidecar.api import AgentApi
 from agentq.sidecar.attempts import Attempts
+from agentq.sidecar.auth import (
+    DEFAULT_TOKEN_FILE,
+    TOKEN_FILE_ENV,
+    Guard,
+    is_loopback_listen,
+    new_secret,
+    write_token_file,
+)
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import KubeApi
 from agentq.sidecar.registration import register
@@ -47,6 +56,7 @@ from agentq.sidecar.worker_lease import WorkerLeaseKeeper
 log = logging.getLogger("agentq.sidecar")
 
 DEFAULT_LISTEN = "127.0.0.1:8700"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:8701"
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -61,6 +71,13 @@ class SidecarConfig:
     worker_lease_seconds: int = 15
     shutdown_seconds: float = 5.0
     register: dict[str, Any] | None = None  # the AgentWorker spec to create or update
+    token_file: str = DEFAULT_TOKEN_FILE  # where the pod's secret is written at start
+    metrics_host: str | None = "127.0.0.1"  # None: no metrics/health port
+    metrics_port: int = 8701
+
+
+class StartError(RuntimeError):
+    """The sidecar cannot start (its token file cannot be written)."""
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -83,6 +100,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, *, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
+        self.secret = new_secret()  # this start's: the agent reads it from the token file
         self.api = KubeApi.from_kubeconfig(config.kubeconfig)
         self.attempts = Attempts(namespace=config.namespace, worker=config.worker)
         self.changes = Changes()
@@ -125,9 +143,11 @@ class Sidecar:
             namespace=config.namespace,
             identity=config.identity,
             loops=self._dead_loops,
+            guard=Guard(secret=self.secret, listen_host=config.host, token_file=config.token_file),
         )
         self._loops: dict[str, asyncio.Task[Any]] = {}
         self.address = ""
+        self.metrics_address = ""
 
     def _acquired(self, serve_from_rv: int) -> None:
         self.watcher.resume()
@@ -143,17 +163,51 @@ class Sidecar:
 
     async def run(self, stop: asyncio.Event) -> None:
         metrics.REGISTRY.register(metrics.ApiRequestCollector(lambda: dict(self.api.requests)))
+        # The secret is in place before the API answers: an agent that can connect can
+        # read it. A restarted sidecar replaces the last one, which stops working.
+        try:
+            write_token_file(Path(self.config.token_file), self.secret)
+        except OSError as err:
+            raise StartError(
+                f"cannot write the token file {self.config.token_file}: {err} "
+                f"(set --token-file / ${TOKEN_FILE_ENV} to a writable place the agent can "
+                "read)"
+            ) from err
+        if not is_loopback_listen(self.config.host):
+            log.warning(
+                "the agent API listens on %s, beyond this pod's loopback: only the secret in "
+                "%s protects it",
+                self.config.host,
+                self.config.token_file,
+            )
         runner = web.AppRunner(self.agent_api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port, reuse_address=True)
         await site.start()
         self.address = _bound(runner, self.config.host, self.config.port)
+        runners = [runner]
+        if self.config.metrics_host is not None:
+            health = web.AppRunner(
+                self.agent_api.health_app(), access_log=None, handle_signals=False
+            )
+            await health.setup()
+            await web.TCPSite(
+                health, self.config.metrics_host, self.config.metrics_port, reuse_address=True
+            ).start()
+            self.metrics_address = _bound(
+                health, self.config.metrics_host, self.config.metrics_port
+            )
+            runners.append(health)
         print(
             json.dumps(
                 {
                     "event": "serving",
                     "listen": self.address,
                     "url": f"http://{self.address}",
+                    "metricsUrl": f"http://{self.metrics_address}"
+                    if self.metrics_address
+                    else None,
+                    "tokenFile": self.config.token_file,
                     "worker": self.config.worker,
                     "namespace": self.config.namespace,
                     "identity": self.config.identity,
@@ -180,10 +234,10 @@ class Sidecar:
         try:
             await stop.wait()
         finally:
-            await self._shutdown(runner, registration)
+            await self._shutdown(runners, registration)
 
     async def _shutdown(
-        self, runner: web.AppRunner, registration: asyncio.Task[Any] | None
+        self, runners: list[web.AppRunner], registration: asyncio.Task[Any] | None
     ) -> None:
         budget = self.config.shutdown_seconds
         self.agent_api.stopping = True
@@ -206,8 +260,9 @@ class Sidecar:
             log.warning("could not release the worker Lease: %r", err)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.watcher.close(), timeout=0.5)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(runner.cleanup(), timeout=budget * 0.1)
+        for runner in runners:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(runner.cleanup(), timeout=budget * 0.1)
         await self.api.close()
         log.info("stopped")
 
@@ -244,6 +299,22 @@ async def serve(config: SidecarConfig) -> None:
     default=DEFAULT_LISTEN,
     show_default=True,
     help="HOST:PORT of the agent API (port 0: any free port) [AGENTQ_SIDECAR_LISTEN]",
+)
+@click.option(
+    "--token-file",
+    envvar=TOKEN_FILE_ENV,
+    default=DEFAULT_TOKEN_FILE,
+    show_default=True,
+    help="where to write this start's secret (0600), which every agent API call must "
+    f"carry as 'Authorization: Bearer <secret>' [{TOKEN_FILE_ENV}]",
+)
+@click.option(
+    "--metrics-listen",
+    envvar="AGENTQ_SIDECAR_METRICS_LISTEN",
+    default=DEFAULT_METRICS_LISTEN,
+    show_default=True,
+    help="HOST:PORT of /metrics, /healthz and /readyz (no secret needed; 'off': none) "
+    "[AGENTQ_SIDECAR_METRICS_LISTEN]",
 )
 @click.option(
     "--kubeconfig",
@@ -297,6 +368,8 @@ def sidecar(
     worker: str,
     namespace: str | None,
     listen: str,
+    token_file: str,
+    metrics_listen: str,
     kubeconfig: str | None,
     identity: str | None,
     capabilities: str | None,
@@ -313,6 +386,10 @@ def sidecar(
     except protocol.ProtocolError as err:
         raise click.BadParameter(str(err), param_hint="--worker") from None
     host, port = parse_listen(listen)
+    metrics_host: str | None = None
+    metrics_port = 0
+    if metrics_listen.strip().lower() != "off":
+        metrics_host, metrics_port = parse_listen(metrics_listen)
     spec: dict[str, Any] | None = None
     if capabilities is not None:
         wanted: dict[str, Any] = {
@@ -341,5 +418,11 @@ def sidecar(
         worker_lease_seconds=worker_lease_seconds,
         shutdown_seconds=shutdown_seconds,
         register=spec,
+        token_file=token_file,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
     )
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except StartError as err:
+        raise click.ClickException(str(err)) from None

@@ -22,6 +22,7 @@ import aiohttp
 
 from agentq.kube import Client, CredentialError, TransportError
 from agentq.kube import load as load_config
+from agentq.kube.config import in_pod
 
 Body = dict[str, Any]
 
@@ -70,8 +71,11 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None) -> KubeApi:
-        """``kubeconfig`` if given, else the pod's service account, else the default one."""
-        return cls(Client(load_config(kubeconfig), pool=32, timeout=10, connect=3))
+        """``kubeconfig`` if given, else the pod's service account; outside a pod, else
+        the default kubeconfig. In a pod never ``$KUBECONFIG`` or ``~/.kube/config``:
+        a file the agent container might have planted must not become our identity."""
+        config = load_config(kubeconfig, home_fallback=not in_pod())
+        return cls(Client(config, pool=32, timeout=10, connect=3))
 
     async def close(self) -> None:
         await self.client.close()

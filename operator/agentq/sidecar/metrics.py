@@ -1,4 +1,5 @@
-"""The sidecar's Prometheus metrics (served at ``/metrics`` on its HTTP API).
+"""The sidecar's Prometheus metrics (served at ``/metrics`` on its metrics port, apart
+from the agent API, so scraping needs no secret).
 
 A registry of its own, so a process that embeds the sidecar (a test) gets no
 clash with the operator's default registry. The API request counter is read

@@ -93,6 +93,41 @@ def test_in_cluster_uses_the_service_account(
     assert headers(conf) == {"Authorization": "Bearer sa-token"}
 
 
+def test_in_a_pod_the_sidecar_never_falls_back_to_a_kubeconfig_someone_planted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent container could write a kubeconfig where the sidecar would look (a
+    shared HOME): in a pod without its mounted account the sidecar refuses to start
+    instead of taking that identity; outside a pod the kubeconfig is the way."""
+    from agentq.sidecar.kubeapi import KubeApi
+
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    planted = write(
+        home / ".kube" / "config", server="https://planted.example", user={"token": "planted"}
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr(config, "SERVICE_ACCOUNT_DIR", tmp_path / "no-account")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    for variable in (None, str(planted)):
+        if variable is not None:
+            monkeypatch.setenv("KUBECONFIG", variable)
+        with pytest.raises(kube.ConfigError, match="does not fall back"):
+            KubeApi.from_kubeconfig(None)
+    # Named explicitly (--kubeconfig), a kubeconfig is used in a pod too.
+    named = KubeApi.from_kubeconfig(str(planted))
+    assert named.client.config.server == "https://planted.example"
+    asyncio.run(named.close())
+    # Outside a pod (no Service address), ~/.kube/config is the default as for kubectl.
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    monkeypatch.delenv("KUBECONFIG")
+    local = KubeApi.from_kubeconfig(None)
+    assert local.client.config.server == "https://planted.example"
+    asyncio.run(local.close())
+
+
 def test_kubeconfig_files_are_merged_as_kubectl_merges_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

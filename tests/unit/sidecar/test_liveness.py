@@ -25,6 +25,7 @@ from agentq import GROUP, VERSION, protocol
 from agentq.clock import FakeClock
 from agentq.sidecar.api import AgentApi
 from agentq.sidecar.attempts import AgentError, Attempt, Attempts
+from agentq.sidecar.auth import Guard
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
 from agentq.sidecar.renewer import Renewer
@@ -35,6 +36,7 @@ from harness import run
 Body = dict[str, Any]
 NS = "ns"
 WORKER = "w"
+SECRET = "the-pods-secret"
 
 # A fault: (method, path prefix) it applies to, whether the request is applied first
 # (an unknown outcome that did happen), and what is raised.
@@ -203,6 +205,7 @@ class Sidecar:
             namespace=NS,
             identity=identity,
             loops=lambda: [],
+            guard=Guard(secret=SECRET, listen_host="127.0.0.1", token_file="/tmp/unused"),
         )
 
     def lost(self, reason: str) -> None:
@@ -245,7 +248,9 @@ class Sidecar:
 
 
 async def agent(sidecar: Sidecar) -> TestClient[Any, Any]:
-    client: TestClient[Any, Any] = TestClient(TestServer(sidecar.agent_api.app()))
+    client: TestClient[Any, Any] = TestClient(
+        TestServer(sidecar.agent_api.app()), headers={"Authorization": f"Bearer {SECRET}"}
+    )
     await client.start_server()
     return client
 
@@ -504,3 +509,38 @@ async def test_renewals_wait_for_the_worker_lease_without_polling() -> None:
         stop.set()
         sidecar.changes.notify()
         await asyncio.gather(loop, return_exceptions=True)
+
+
+@run
+async def test_the_api_refuses_calls_without_the_secret_and_health_needs_none() -> None:
+    """Every API path wants the pod's secret (unknown paths too: nothing is learnt
+    without it), a loopback Host and a JSON body; metrics and health answer on their
+    own app without the secret, and the API app no longer serves /metrics."""
+    sidecar = Sidecar()
+    sidecar.hold_worker_lease()
+    sidecar.grant()
+    bare: TestClient[Any, Any] = TestClient(TestServer(sidecar.agent_api.app()))
+    await bare.start_server()
+    health: TestClient[Any, Any] = TestClient(TestServer(sidecar.agent_api.health_app()))
+    await health.start_server()
+    good = {"Authorization": f"Bearer {SECRET}"}
+    try:
+        for method, path in (("GET", "/v1/assignments"), ("GET", "/nope"), ("POST", COMPLETE)):
+            answer = await bare.request(method, path, json={"token": 7})
+            body = await answer.json()
+            assert (answer.status, body["error"]) == (401, "Unauthorized"), (path, body)
+            assert answer.headers["WWW-Authenticate"].startswith("Bearer")
+        answer = await bare.get("/v1/status", headers={**good, "Host": "rebound.example"})
+        assert (answer.status, (await answer.json())["error"]) == (403, "HostNotAllowed")
+        answer = await bare.post(COMPLETE, data="token=7", headers=good)
+        assert (answer.status, (await answer.json())["error"]) == (415, "UnsupportedMediaType")
+        assert sidecar.attempts.current["job"].state != "reported"
+        answer = await bare.get("/v1/assignments/job", headers=good)
+        assert answer.status == 200
+        assert (await bare.get("/metrics", headers=good)).status == 404
+        for path in ("/metrics", "/healthz", "/readyz"):
+            assert (await health.get(path)).status == 200, path
+        assert (await health.get("/v1/assignments")).status == 404
+    finally:
+        await bare.close()
+        await health.close()

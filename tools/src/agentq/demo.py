@@ -283,6 +283,7 @@ class Demo:
             worker=worker,
             namespace=self.namespace,
             port=free_port(),
+            token_file=str(self.workdir / f"sidecar-token-{worker}"),
             behaviour=behaviour,
             kubeconfig=self.kubeconfig,
             identity=f"{worker}-pod",  # a pair started again is the same pod restarted

@@ -3,6 +3,7 @@
     from agentq.agent import SidecarClient, LeaseLost
 
     client = SidecarClient()                      # $AGENTQ_SIDECAR_URL or 127.0.0.1:8700
+                                                  # secret: $AGENTQ_SIDECAR_TOKEN_FILE
     for assignment in client.assignments():       # blocks, yields each new attempt once
         try:
             with client.hold(assignment) as lease:  # heartbeats from a background thread
@@ -15,6 +16,12 @@
 
 Only the standard library (``urllib``), so it drops into any agent. Any other
 language uses the same API with plain HTTP.
+
+Every call carries the sidecar's secret (``Authorization: Bearer``), read from its
+token file: ``token_file``, else ``$AGENTQ_SIDECAR_TOKEN_FILE``, else
+/run/agentq/sidecar-token (the pod's shared volume). It is read again for each
+request, so a restarted sidecar's new secret is picked up; a 401 answered to a
+secret that has since changed is sent again once with the new one.
 
 The heartbeat thread beats every third of the task's heartbeat interval. When
 the sidecar answers 409 (the lease was lost, the token is stale, or the operator
@@ -47,6 +54,8 @@ from types import TracebackType
 from typing import Any, Self
 
 DEFAULT_URL = "http://127.0.0.1:8700"
+DEFAULT_TOKEN_FILE = "/run/agentq/sidecar-token"
+TOKEN_FILE_ENV = "AGENTQ_SIDECAR_TOKEN_FILE"
 
 
 class AgentError(Exception):
@@ -146,11 +155,35 @@ def _parse_time(text: str) -> datetime.datetime | None:
 
 
 class SidecarClient:
-    """The agent API at ``url`` (default ``$AGENTQ_SIDECAR_URL``, else 127.0.0.1:8700)."""
+    """The agent API at ``url`` (default ``$AGENTQ_SIDECAR_URL``, else 127.0.0.1:8700),
+    with the secret in ``token_file`` (default ``$AGENTQ_SIDECAR_TOKEN_FILE``, else
+    /run/agentq/sidecar-token) or ``token`` itself."""
 
-    def __init__(self, url: str | None = None, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        timeout: float = 10.0,
+        token_file: str | os.PathLike[str] | None = None,
+        token: str | None = None,
+    ) -> None:
         self.url = (url or os.environ.get("AGENTQ_SIDECAR_URL") or DEFAULT_URL).rstrip("/")
         self.timeout = timeout
+        self.token_file = os.fspath(
+            token_file or os.environ.get(TOKEN_FILE_ENV) or DEFAULT_TOKEN_FILE
+        )
+        self._token = token
+
+    def secret(self) -> str | None:
+        """The secret to send: ``token`` if given, else the token file's contents now
+        (None while the file is missing: the sidecar then answers 401 and says why)."""
+        if self._token is not None:
+            return self._token
+        try:
+            with open(self.token_file, encoding="utf-8") as file:
+                return file.read().strip() or None
+        except OSError:
+            return None
 
     # -- raw requests ----------------------------------------------------------------------
 
@@ -164,13 +197,28 @@ class SidecarClient:
     ) -> dict[str, Any]:
         """One request; the JSON answer on 2xx. 409 raises LeaseLost, other 4xx/5xx
         AgentError (503: SidecarUnavailable), a connection failure SidecarUnavailable."""
+        secret = self.secret()
+        try:
+            return self._send(method, path, body, timeout, secret)
+        except AgentError as err:
+            # A restarted sidecar made a new secret after ours was read: once more with it.
+            if err.status == 401 and self.secret() not in (secret, None):
+                return self._send(method, path, body, timeout, self.secret())
+            raise
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        timeout: float | None,
+        secret: str | None,
+    ) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(
-            self.url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if secret is not None:
+            headers["Authorization"] = f"Bearer {secret}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as response:
                 answer: dict[str, Any] = json.loads(response.read() or b"{}")
