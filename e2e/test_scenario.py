@@ -433,9 +433,16 @@ def cancel_and_deadline(k: Cluster) -> None:
     )
     took = time.monotonic() - started
     worker = held["status"]["worker"]
-    logs = k.kubectl("-n", NAMESPACE, "logs", k.pod_of(worker).metadata.name, "-c", "agent")
-    told = [json.loads(line) for line in logs.splitlines() if '"revoked"' in line]
-    assert any(e.get("task") == "to-cancel" and e.get("reason") == "Cancelled" for e in told), told
+
+    def told() -> list[dict[str, Any]]:
+        # agent-sim's work is one blocking sleep that checks nothing: it hears of the cancel
+        # when it next calls its sidecar (the complete after its work), and logs it then.
+        pod = k.pod_of(worker).metadata.name
+        logs = k.kubectl("-n", NAMESPACE, "logs", pod, "-c", "agent")
+        lines = [json.loads(line) for line in logs.splitlines() if '"revoked"' in line]
+        return [e for e in lines if e.get("task") == "to-cancel" and e.get("reason") == "Cancelled"]
+
+    wait_for("the cancelled task's agent to be told", told, WORK_SECONDS + 30, every=1.0)
     assert done["status"]["history"][-1]["outcome"] == "Cancelled"
     say(f"cancelled a running task on {worker}: its agent was told, Cancelled after {took:.1f}s")
 

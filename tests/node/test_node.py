@@ -121,11 +121,12 @@ def agentq_kubectl(kubectl: list[str], *args: str) -> str:
 
 PROBE = (
     "import getpass; from kopf._core.engines import peering; "
-    "from kubernetes import client, config; config.load_incluster_config(); "
-    "review = client.AuthenticationV1Api().create_self_subject_review("
-    "client.V1SelfSubjectReview()); "
+    "from agentq.kube.config import in_cluster; from agentq.kube.sync import SyncClient; "
+    "review = SyncClient(in_cluster()).request('POST', "
+    "'/apis/authentication.k8s.io/v1/selfsubjectreviews', "
+    "body={'apiVersion': 'authentication.k8s.io/v1', 'kind': 'SelfSubjectReview'}).json(); "
     "print(getpass.getuser(), peering.detect_own_id(manual=False), "
-    "review.status.user_info.username)"
+    "review['status']['userInfo']['username'])"
 )
 
 
