@@ -15,7 +15,9 @@ an unknown outcome leaves the core's load to follow what the task's status says,
 and the task back in the queue ``RETRY_SECONDS`` later if it is still pending. A
 grant that finds this replica no longer sure to lead when its turn to be sent
 comes (``Controller.call``) is not sent: the decision goes back to the core and
-the task back to the queue.
+the task back to the queue. Each grant carries the epoch of the leadership it was
+decided under (``status.leaderEpoch``); one the admission policy refuses for an old
+epoch (another replica leads) goes back the same way, after a pause.
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ class Dispatcher:
                     *key,
                     epoch,
                 )
-                self.retries.later(key)
+                # Not again at once: our elector learns of the new leader within a round.
+                self.retries.not_granted_for(key, RETRY_SECONDS)
                 return
             if reply.status is Status.FORBIDDEN:
                 scheduler.abort(assignment)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,34 @@ async def test_without_leader_election_a_grant_carries_no_epoch() -> None:
     await h.settle()
     assert h.phase("t") == "Assigned"
     assert h.status("t").get("leaderEpoch") is None
+
+
+@run
+async def test_a_grant_refused_for_its_epoch_is_given_back_not_taken_for_a_refusal() -> None:
+    h = Harness()
+    c = h.controller
+    real = h.kube.patch_status
+    refused: list[str] = []
+
+    async def deposed(*args: Any) -> Reply:
+        if args[0] == "agenttasks" and not refused:
+            refused.append(args[2])
+            return Reply(
+                Status.FORBIDDEN,
+                None,
+                'agenttasks.agentq.dev "t" is forbidden: ValidatingAdmissionPolicy '
+                "'agentq-leader-epoch' with binding 'agentq-leader-epoch' denied request: "
+                "grant of t refused",
+            )
+        return await real(*args)
+
+    h.kube.patch_status = deposed  # type: ignore[method-assign]
+    h.worker("w", "llm", max_in_flight=1, lease_seconds=60)
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert refused == ["t"]
+    assert (c.stats.deposed, c.stats.refused) == (1, 0)
+    assert h.phase("t") in (None, "Pending")
+    assert h.core().worker_state("w").in_flight == 0  # the decision was given back
+    await h.advance(5.0)  # the leader of the moment (here: still us) grants it
+    assert h.phase("t") == "Assigned"
