@@ -169,8 +169,12 @@ def grant(
     lease_name: str,
     token: int,
     now: datetime.datetime,
+    epoch: int | None = None,
 ) -> Transition:
-    """Assign the task to ``worker`` with ``token``, which must exceed every earlier one."""
+    """Assign the task to ``worker`` with ``token``, which must exceed every earlier one.
+    ``epoch``: the granting leader's (its election Lease's leaseTransitions), which the
+    admission policy compares with the Lease's (None: no leader election; the field is
+    cleared)."""
     if token <= (status.fencing_token or 0):
         raise ValueError(f"token {token} is not above the task's {status.fencing_token}")
     attempt = (status.attempt or 0) + 1
@@ -182,6 +186,7 @@ def grant(
             "attempt": attempt,
             "reclaims": status.reclaims or 0,
             "fencingToken": token,
+            "leaderEpoch": epoch,
             "leaseName": lease_name,
             "assignedAt": stamp,
             "startTime": rfc3339(status.start_time) if status.start_time else stamp,

@@ -480,6 +480,8 @@ class AgentTaskStatus(_StatusModel):
     attempt: int | None = Field(default=None, ge=0)
     reclaims: int | None = Field(default=None, ge=0)
     fencing_token: int | None = Field(default=None, ge=0, le=MAX_TOKEN)
+    # The granting leader's epoch (its election Lease's leaseTransitions, an int32).
+    leader_epoch: int | None = Field(default=None, ge=0, le=2**31 - 1)
     lease_name: Annotated[str, StringConstraints(max_length=253)] | None = None
     assigned_at: AwareDatetime | None = None
     start_time: AwareDatetime | None = None  # the first grant: activeDeadlineSeconds counts

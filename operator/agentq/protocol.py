@@ -32,6 +32,9 @@ ANNOTATION_REVOKED = f"{GROUP}/revoked"
 REVOKE_CANCELLED = "Cancelled"  # spec.cancel
 REVOKE_DEADLINE = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
 REVOKE_REASONS = (REVOKE_CANCELLED, REVOKE_DEADLINE)
+# The admission policy that refuses a grant carrying an older leader epoch than the
+# operator's election Lease (manifests/leader-epoch-policy.yaml); its name is in the refusal.
+LEADER_EPOCH_POLICY = "agentq-leader-epoch"
 LEASE_KIND_TASK = "task"
 LEASE_KIND_WORKER = "worker"
 

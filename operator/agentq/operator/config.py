@@ -126,8 +126,14 @@ class OperatorConfig:
     # The safety net: every task is decided again this often even if no event or timer
     # asked for it.
     resync_interval: float = setting(300.0, above=0, help="the full re-decision's period (s)")
-    request_timeout: float = setting(
-        10.0, above=0, help="seconds before an API call's outcome is taken as unknown"
+    # With leader election it must stay below the lease (check()): by default 10 s, or
+    # three quarters of a shorter lease. A decision's request is also cut at what is left
+    # of the leader's renew deadline (gate.py).
+    request_timeout: float | None = setting(
+        None,
+        above=0,
+        shown="10, at most 3/4 of the leader lease",
+        help="seconds before an API call's outcome is taken as unknown",
     )
     token_block: int = setting(
         1000, at_least=1, help="fencing tokens reserved per write of the durable counter"
@@ -185,6 +191,15 @@ class OperatorConfig:
     )
 
     @property
+    def request_seconds(self) -> float:
+        """The request timeout in force (see request_timeout)."""
+        if self.request_timeout is not None:
+            return self.request_timeout
+        if not self.leader_election:
+            return 10.0
+        return min(10.0, self.leader_lease_seconds * 3 / 4)
+
+    @property
     def leader_renew_deadline(self) -> float:
         """The renew deadline in force (see leader_renew_seconds)."""
         if self.leader_renew_seconds is not None:
@@ -198,6 +213,14 @@ class OperatorConfig:
                 f"the leader renew deadline ({self.leader_renew_deadline}s) must be below the "
                 f"leader lease ({self.leader_lease_seconds}s): else a leader that lost the lease "
                 "keeps deciding after the standby took over"
+            )
+        if self.leader_election and self.request_seconds >= self.leader_lease_seconds:
+            raise ValueError(
+                f"{env_name('request_timeout')} ({self.request_seconds}s) must be below the "
+                f"leader lease ({self.leader_lease_seconds}s): a request may be waited on that "
+                "long, and one waited on past the lease would still be ours after a standby "
+                "took over (a decision's request is also cut at what is left of the renew "
+                'deadline; docs/operator.md, "Leader election")'
             )
         if self.leader_retry_seconds >= self.leader_renew_deadline:
             raise ValueError(

@@ -40,6 +40,7 @@ from agentq.operator import invariants, metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.events import EventSink
 from agentq.operator.health import AlwaysHealthy, WatchHealth
+from agentq.operator.leader import LeaderElector
 from agentq.operator.parts import Parts, wire
 from agentq.operator.port import Body, Kube
 from agentq.operator.tokens import TokenAllocator
@@ -80,8 +81,12 @@ class Controller:
         # its maxInFlight. None: nothing to wait for (tests, a single replica).
         self.catch_up: Callable[[], Awaitable[None]] | None = None
         self.caught_up = True
-        # The leader elector's check that our lease is still ours by our own clock.
+        # The leader elector's check that our lease is still ours by our own clock, how
+        # long it still is (bounds each decision's request), and the epoch our grants
+        # carry (``use_elector``).
         self.lease_valid: Callable[[], bool] = lambda: True
+        self.lease_remaining: Callable[[], float] = lambda: math.inf
+        self.leader_epoch: Callable[[], int | None] = lambda: None
         self.synced = False  # every watch has delivered its first full list
         self.stats = Stats()
         self._rebuild = self.leading  # a new leader rebuilds at its next step
@@ -101,6 +106,8 @@ class Controller:
             stats=self.stats,
             poke=self.poke,
             may_send=self.may_send,
+            remaining=lambda: self.lease_remaining(),
+            epoch=lambda: self.leader_epoch(),
         )
         parts = self.parts
         parts.agenda.timers.active = self.leading
@@ -217,6 +224,13 @@ class Controller:
         self.follower.rebuild(urgent=False)
 
     # == leadership and lifecycle ======================================================
+
+    def use_elector(self, elector: LeaderElector) -> None:
+        """Decide only as ``elector`` says: while its Lease is ours by our clock, each
+        request bounded by what is left of it, each grant with its epoch."""
+        self.lease_valid = elector.valid
+        self.lease_remaining = elector.remaining
+        self.leader_epoch = lambda: elector.epoch
 
     def set_synced(self) -> None:
         """Every watch delivered its first list: the store is complete."""

@@ -15,13 +15,16 @@ an unknown outcome leaves the core's load to follow what the task's status says,
 and the task back in the queue ``RETRY_SECONDS`` later if it is still pending. A
 grant that finds this replica no longer sure to lead when its turn to be sent
 comes (``Controller.call``) is not sent: the decision goes back to the core and
-the task back to the queue.
+the task back to the queue. Each grant carries the epoch of the leadership it was
+decided under (``status.leaderEpoch``); one the admission policy refuses for an old
+epoch (another replica leads) goes back the same way, after a pause.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from agentq import claims, lifecycle, protocol
@@ -64,6 +67,7 @@ class Dispatcher:
         clock: Clock,
         stats: Stats,
         batch: int,
+        epoch: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -78,6 +82,7 @@ class Dispatcher:
         self.clock = clock
         self.stats = stats
         self.batch = batch  # most grants in flight at once (DISPATCH_BATCH)
+        self.epoch = epoch  # the leader's epoch, which each grant carries
         self.grants: set[asyncio.Task[Any]] = set()  # grants in flight
         self._refill: asyncio.Task[None] | None = None  # the token refill in flight
 
@@ -142,7 +147,10 @@ class Dispatcher:
                 budget -= 1
                 ticket = self.store.start_write(record, granting=planned[0].worker)
                 self.publisher.mark((namespace, planned[0].worker))
-                grant = self.gate.spawn(self._grant(scheduler, task, planned[0], token, ticket))
+                # The epoch the decision was made under, not the one of its sending.
+                grant = self.gate.spawn(
+                    self._grant(scheduler, task, planned[0], token, ticket, self.epoch())
+                )
                 # Counted until done, even if cancelled before it ran (leadership lost).
                 self.grants.add(grant)
                 grant.add_done_callback(self.grants.discard)
@@ -165,7 +173,13 @@ class Dispatcher:
         self._refill = self.gate.spawn(refill())
 
     async def _grant(
-        self, scheduler: Scheduler, task: TaskView, assignment: Assignment, token: int, ticket: int
+        self,
+        scheduler: Scheduler,
+        task: TaskView,
+        assignment: Assignment,
+        token: int,
+        ticket: int,
+        epoch: int | None,
     ) -> None:
         key = task.key
         committer = self.committer
@@ -177,11 +191,26 @@ class Dispatcher:
                 lease_name=protocol.task_lease_name(task.name),
                 token=token,
                 now=self.clock.now(),
+                epoch=epoch,
             )
             reply = await committer.write_status(task, transition.patch)
             if reply.status is Status.INVALID:
                 scheduler.abort(assignment)
                 await committer.refused_for_good(task, transition, reply.message)
+                return
+            if reply.status is Status.FORBIDDEN and protocol.LEADER_EPOCH_POLICY in reply.message:
+                # A deposed leader's grant, refused for its old epoch: another replica
+                # leads (ours will know at its next round). Nothing was written.
+                scheduler.abort(assignment)
+                self.stats.deposed += 1
+                metrics.COMMIT_CONFLICTS.labels("AgentTask").inc()  # a race lost to the leader
+                log.warning(
+                    "grant of %s/%s refused: epoch %s is not the leader's (deposed)",
+                    *key,
+                    epoch,
+                )
+                # Not again at once: our elector learns of the new leader within a round.
+                self.retries.not_granted_for(key, RETRY_SECONDS)
                 return
             if reply.status is Status.FORBIDDEN:
                 scheduler.abort(assignment)

@@ -13,6 +13,15 @@ caches. As in client-go:
   (``Controller.call``): a process stopped for longer than that must neither decide
   a single step nor send a decision it made before the stop when it resumes;
 - every round has a timeout (a hung request is a failed round, not a hang);
+- ``remaining()`` is how long we may still act (the renew deadline less the time
+  since the last renewal): the request gate bounds each decision's request by it,
+  so no request of ours is still waiting after our lease could have passed on;
+- every acquisition by a replica that was not leading raises the Lease's
+  ``leaseTransitions`` (client-go's semantics: a takeover, and a re-acquisition after
+  we stopped leading by our own clock, both count); the value written is our
+  ``epoch``, which every grant carries (``status.leaderEpoch``) so that the admission
+  policy ``agentq-leader-epoch`` refuses a grant of a deposed leader that reaches the
+  API server late (manifests/leader-epoch-policy.yaml);
 - losing leadership cancels the writes in flight (``on_change(False)``);
 - a clean shutdown releases the Lease (holder cleared, as ReleaseOnCancel) so
   the standby takes over at its next retry instead of a whole lease later.
@@ -69,10 +78,20 @@ class LeaderElector:
         self.leading = False
         self._last_renewed = -1e18
         self.other_holder: str | None = None
+        # The Lease's leaseTransitions as our last successful round wrote it: the epoch
+        # of our leadership (None before we ever held the Lease).
+        self.epoch: int | None = None
 
     def valid(self) -> bool:
         """Still leading by our own clock: renewed within the renew deadline."""
-        return self.leading and self.clock.monotonic() - self._last_renewed < self.renew_deadline
+        return self.remaining() > 0
+
+    def remaining(self) -> float:
+        """Seconds we may still act as the leader by our own clock (0 when not leading):
+        the renew deadline less the time since the start of the last successful round."""
+        if not self.leading:
+            return 0.0
+        return max(0.0, self.renew_deadline - (self.clock.monotonic() - self._last_renewed))
 
     def _set(self, leading: bool) -> None:
         if leading != self.leading:
@@ -111,6 +130,8 @@ class LeaderElector:
                 },
             )
             self._refused(created)
+            if created.ok:
+                self.epoch = 0
             return created.ok
         lease = got.body
         spec: dict[str, Any] = lease.setdefault("spec", {})
@@ -125,7 +146,10 @@ class LeaderElector:
         self.other_holder = holder if held_by_other else None
         if held_by_other and not self.tracker.expired(self.name, now_mono):
             return False
-        if holder != self.identity:
+        if holder != self.identity or not self.leading:
+            # A takeover, or ours again after we stopped leading by our own clock (our
+            # writes were cancelled, some may still land): a new epoch either way, so
+            # nothing sent under the old one can be taken for ours now.
             spec["acquireTime"] = now
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
         spec["holderIdentity"] = self.identity
@@ -133,6 +157,8 @@ class LeaderElector:
         spec["leaseDurationSeconds"] = int(self.lease_seconds)
         replaced = await self.kube.replace_lease(self.namespace, self.name, lease)
         self._refused(replaced)
+        if replaced.ok:
+            self.epoch = int(spec["leaseTransitions"] or 0)
         return replaced.ok
 
     def _refused(self, reply: Reply) -> None:

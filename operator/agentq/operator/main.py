@@ -44,7 +44,7 @@ def make_kube(config: OperatorConfig, kubeconfig: kube.KubeConfig) -> Kube:
     from agentq.operator.rest import RestKube
 
     return RestKube(
-        kube.Client(kubeconfig, pool=config.write_concurrency + 4, timeout=config.request_timeout)
+        kube.Client(kubeconfig, pool=config.write_concurrency + 4, timeout=config.request_seconds)
     )
 
 
@@ -117,7 +117,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
 
     async def drain_then_stop() -> None:
         try:
-            await controller.drain(config.request_timeout)
+            await controller.drain(config.request_seconds)
         finally:
             stop.set()
 
@@ -135,7 +135,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     watch_stop = asyncio.Event()
     # Watches hold their connection for minutes: a pool of their own (unbounded), so they
     # never take the writers' places; the same credentials (one refresh serves both).
-    watch_client = kube.Client(kubeconfig, pool=0, timeout=config.request_timeout)
+    watch_client = kube.Client(kubeconfig, pool=0, timeout=config.request_seconds)
     watchers: list[asyncio.Task[Any]] = []
     kopf_stop: asyncio.Future[None] = loop.create_future()
     if informer_mode:
@@ -174,7 +174,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             retry_seconds=config.leader_retry_seconds,
             on_change=controller.set_leading,
         )
-        controller.lease_valid = elector.valid
+        controller.use_elector(elector)
     core = [asyncio.create_task(controller.run(stop), name="controller")]
     if elector is not None:
         core.append(asyncio.create_task(elector.run(stop), name="leader"))

@@ -70,9 +70,13 @@ def wire(
     stats: Stats,
     poke: Callable[[], None],
     may_send: Callable[[], bool],
+    remaining: Callable[[], float],
+    epoch: Callable[[], int | None],
 ) -> Parts:
     """Every part, from the port, the clock and the settings. ``poke`` wakes the loop;
-    ``may_send``: whether a decision made may still go out (leadership)."""
+    ``may_send``: whether a decision made may still go out (leadership); ``remaining``:
+    how long the leader may still act (s); ``epoch``: the leader's epoch, which grants
+    carry (None without leader election)."""
     store = Store()
     agenda = Agenda(poke)
     indexes = Indexes(timers=agenda.timers, clock=clock)
@@ -88,7 +92,13 @@ def wire(
     )
     # -- API requests: decisions first, then Events and tidying up
     slots = Slots(config.write_concurrency, clock=clock)
-    gate = RequestGate(slots, may_send=may_send, on_done=poke)
+    gate = RequestGate(
+        slots,
+        may_send=may_send,
+        on_done=poke,
+        timeout=config.request_seconds,
+        remaining=remaining,
+    )
     events = events or EventSink(kube, clock, component="agentq-operator", slots=slots)
     tokens = tokens or TokenAllocator(
         kube,
@@ -184,6 +194,7 @@ def wire(
         clock=clock,
         stats=stats,
         batch=config.dispatch_batch,
+        epoch=epoch,
     )
     follower = Follower(
         store=store,

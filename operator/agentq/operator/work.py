@@ -154,6 +154,7 @@ class Stats:
     conflicts: int = 0
     unknown: int = 0
     refused: int = 0  # requests the API server refused (401/403): our RBAC, not the object
+    deposed: int = 0  # grants refused for an old leader epoch (another replica leads)
     worker_status_writes: int = 0
     stalls: int = 0
     stalled_seconds: float = 0.0
