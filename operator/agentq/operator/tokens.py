@@ -57,8 +57,12 @@ class TokenAllocator:
         return self.issued is not None and token > self.issued
 
     def reset(self) -> None:
-        """Forget the current block (leadership changed hands)."""
+        """Forget the current block (leadership changed hands), and what we knew of the
+        durable ceiling: another replica may have led meanwhile and granted from a block
+        above it. Until our next reservation reads the counter again no token is judged
+        forged (``forged`` needs a ceiling we know to be current)."""
         self._next, self._last = 1, 0
+        self.issued = None
 
     @property
     def available(self) -> int:

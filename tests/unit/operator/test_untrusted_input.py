@@ -59,3 +59,48 @@ async def test_a_reclaim_reason_written_by_an_agent_is_no_metric_label() -> None
     labels = {s.labels["reason"] for m in metrics.RECLAIMS.collect() for s in m.samples}
     assert "out of memory at 0x7f3a9c" not in labels
     assert "Reported" in labels
+
+
+@run
+async def test_a_token_the_other_replica_issued_while_we_did_not_lead_is_not_forged() -> None:
+    """A replica remembers the ceiling of its own last reservation. Another replica led
+    meanwhile, reserved the next block and granted from it (the chaos run: leader kills
+    and stops). When this one led again, it judged those grants' tokens -- above its old
+    ceiling -- forged, and failed healthy tasks (134 of 1,000)."""
+    from agentq.operator.tokens import ANNOTATION_CEILING
+
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.task(task("first").requires("llm"))
+    await h.settle()
+    issued = h.status("first")["fencingToken"]
+    h.controller.set_leading(False)
+    await h.settle()
+    # The other replica leads: it reserves the next block and grants from it.
+    counter = h.config.token_lease
+    theirs = issued + 1500
+    h.kube.edit(
+        "leases",
+        NS,
+        counter,
+        lambda b: b["metadata"]["annotations"].update({ANNOTATION_CEILING: str(issued + 2000)}),
+    )
+    h.task(task("theirs").requires("llm"))
+    h.kube.edit(
+        "agenttasks",
+        NS,
+        "theirs",
+        lambda b: b["status"].update(
+            phase="Assigned", worker="w1", fencingToken=theirs, attempt=1, leaseName="agentq-task-theirs"
+        ),
+    )
+    await h.settle()
+    h.controller.set_leading(True)
+    await h.settle()
+    assert h.phase("theirs") != "Failed", h.status("theirs")
+    # And tokens go on above theirs.
+    h.task(task("next").requires("llm"))
+    h.report("first", outcome="Succeeded")
+    await h.settle()
+    assert h.phase("next") == "Assigned"
+    assert h.status("next")["fencingToken"] > theirs
