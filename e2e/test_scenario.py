@@ -525,6 +525,22 @@ print(json.dumps(call("PATCH", path, {"spec": {"holderIdentity": "agentq"}},
 """
 )
 
+# With the operator's own token: a grant carrying an epoch older than the election
+# Lease's leaseTransitions, as a deposed replica's late grant would.
+STALE_GRANT = (
+    POD_CLIENT
+    + r"""
+namespace, task = sys.argv[1], sys.argv[2]
+lease = call("GET", "/apis/coordination.k8s.io/v1/namespaces/agentq-system/leases/agentq-operator")
+transitions = lease[1].get("spec", {}).get("leaseTransitions", 0)
+path = "/apis/agentq.dev/v1alpha1/namespaces/" + namespace + "/agenttasks/" + task + "/status"
+patch = {"status": {"phase": "Assigned", "worker": "large", "fencingToken": 1,
+    "attempt": 1, "leaderEpoch": transitions - 1}}
+print(json.dumps([transitions] + list(call("PATCH", path, patch,
+    "application/merge-patch+json"))))
+"""
+)
+
 
 def refusals(k: Cluster) -> None:
     """Another worker's claims, written with worker large's pod's own mounted token."""
@@ -577,3 +593,27 @@ def refusals(k: Cluster) -> None:
     assert status == 403 and "agentq-operator-leases" in message, (status, message)
     after = k.leases.read_namespaced_lease(node_lease.metadata.name, "kube-node-lease")
     assert after.spec.holder_identity == node_lease.spec.holder_identity
+
+    # A grant from an epoch before the current leader's (the leader pod was deleted
+    # above, so the election Lease has changed hands): refused by agentq-leader-epoch.
+    k.kubectl(
+        "apply", "-f", "-",
+        input=to_yaml([{
+            "apiVersion": "agentq.dev/v1alpha1",
+            "kind": "AgentTask",
+            "metadata": {"name": "stale-grant", "namespace": NAMESPACE},
+            "spec": {"requiredCapabilities": ["nobody-has-this"]},
+        }]),
+    )  # fmt: skip
+    out = k.kubectl(
+        "-n", "agentq-system", "exec", operator.metadata.name, "-c", "operator", "--",
+        "python3", "-c", STALE_GRANT, NAMESPACE, "stale-grant",
+    )  # fmt: skip
+    transitions, status, message = json.loads(out.strip().splitlines()[-1])
+    say(f"  with operator {operator.metadata.name}'s token, a grant of epoch {transitions - 1}"
+        f" (the Lease's is {transitions}): {status}")  # fmt: skip
+    assert transitions >= 1, transitions
+    assert status == 403 and "agentq-leader-epoch" in message, (status, message)
+    task = next(t for t in k.tasks() if t["metadata"]["name"] == "stale-grant")
+    assert phase(task) != "Assigned", task.get("status")
+    k.kubectl("-n", NAMESPACE, "delete", "agenttask", "stale-grant")
