@@ -138,6 +138,9 @@ class TaskBuilder(_Builder):
     def ttl(self, seconds: int) -> Self:
         return self.set("spec.ttlSecondsAfterFinished", seconds)
 
+    def priority(self, priority: int) -> Self:
+        return self.set("spec.priority", priority)
+
     def grace(self, seconds: int) -> Self:
         self._spec["gracePeriodSeconds"] = seconds
         return self
@@ -328,10 +331,13 @@ INVALID_TASKS: tuple[Invalid, ...] = (
     ),
     Invalid("ttl-negative", task("t").ttl(-1), "spec.ttlSecondsAfterFinished"),
     Invalid("ttl-huge", task("t").ttl(10**12), "spec.ttlSecondsAfterFinished"),
+    Invalid("priority-too-high", task("t").priority(1001), "spec.priority"),
+    Invalid("priority-too-low", task("t").priority(-1001), "spec.priority"),
+    Invalid("priority-not-an-integer", task("t").set("spec.priority", 1.5), "spec.priority"),
     Invalid(
         "unknown-spec-field",
-        task("t").set("spec.priority", 5),
-        "spec.priority",
+        task("t").set("spec.urgency", 5),
+        "spec.urgency",
         "unknown field",
         model_refuses=False,
     ),

@@ -115,6 +115,8 @@ MAX_PAYLOAD_KEYS = 128
 MAX_TOKEN = 2**53 - 1
 # activeDeadlineSeconds and ttlSecondsAfterFinished: at most a year.
 MAX_SPAN_SECONDS = 31_536_000
+#: ``spec.priority`` ranges over [-MAX_PRIORITY, MAX_PRIORITY] (the CRD says the same).
+MAX_PRIORITY = 1000
 
 # metav1.Condition's own validation, as in every generated CRD.
 _CONDITION_TYPE_PATTERN = (
@@ -410,6 +412,8 @@ class AgentTaskSpec(_Model):
     # A finished task (and its Leases) is deleted this long after it finished (0: at once);
     # unset: the operator's TTL_AFTER_FINISHED.
     ttl_seconds_after_finished: JsonInt | None = Field(default=None, ge=0, le=MAX_SPAN_SECONDS)
+    # Order in the pending queue: higher first, oldest first within a priority.
+    priority: JsonInt = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
 
     @model_validator(mode="before")
     @classmethod

@@ -599,12 +599,12 @@ def tiny_weight_worker_status(arena: Arena) -> None:
 
 def unknown_field_without_strict_validation(arena: Arena) -> None:
     name = arena.name("lenient")
-    body = task(name).requires(Arena.CANARY).set("spec.priority", 5).obj()
+    body = task(name).requires(Arena.CANARY).set("spec.urgency", 5).obj()
     arena.custom.create_namespaced_custom_object(
         GROUP, VERSION, arena.namespace, "agenttasks", body
     )
     try:
-        assert "priority" not in arena.task(name)["spec"]  # pruned, as docs/api.md says
+        assert "urgency" not in arena.task(name)["spec"]  # pruned, as docs/api.md says
         arena.fleet.wait_phase(name, "Succeeded", timeout=30)
     finally:
         arena.delete_task(name)

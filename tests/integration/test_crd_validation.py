@@ -150,9 +150,9 @@ def test_invalid_worker_is_refused(cluster: Cluster, case: Invalid) -> None:
 def test_unknown_fields_are_pruned_without_strict_validation(cluster: Cluster) -> None:
     # The documented gap: --validate=false (or a client sending no fieldValidation)
     # gets unknown fields silently dropped instead of refused.
-    output = cluster.apply(task("lenient").set("spec.priority", 5).obj(), "--validate=false")
+    output = cluster.apply(task("lenient").set("spec.urgency", 5).obj(), "--validate=false")
     assert "created" in output
-    assert "priority" not in cluster.get("agenttask/lenient")["spec"]
+    assert "urgency" not in cluster.get("agenttask/lenient")["spec"]
 
 
 def test_additional_properties_false_is_not_allowed_next_to_properties(cluster: Cluster) -> None:
@@ -190,6 +190,7 @@ def test_a_minimal_task_gets_its_defaults(cluster: Cluster) -> None:
                 "jitter": 0.2,
             },
             "cancel": False,
+            "priority": 0,
         }
         assert parse_task(read).spec.to_dict() == read["spec"]
 
@@ -216,6 +217,7 @@ def test_a_full_task_is_stored_as_the_model_reads_it(cluster: Cluster) -> None:
         .cancel(False)
         .deadline(3600)
         .ttl(0)
+        .priority(-7)
         .obj()
     )
     cluster.apply(manifest)
@@ -233,6 +235,8 @@ def test_a_full_task_is_stored_as_the_model_reads_it(cluster: Cluster) -> None:
         task("edge-cost").cost(0.001).requires(*(f"c{i}" for i in range(16))),
         task("edge-backoff").backoff(initial=0, max=0, multiplier=1, jitter=1),
         task("edge-backoff-int").backoff(initial=7, max=7),
+        task("edge-priority-max").priority(1000),
+        task("edge-priority-min").priority(-1000),
         task("edge-hold").on_expiry("Hold").max_reclaims(0),
         task("edge-spans").deadline(31_536_000).ttl(31_536_000),
         task("edge-spans-min").deadline(1).ttl(0).cancel(),
@@ -414,12 +418,13 @@ def test_task_printer_columns(cluster: Cluster) -> None:
         "ATTEMPT",
         "RECLAIMS",
         "COST",
+        "PRIORITY",
         "TOKEN",
         "REQUIRES",
         "REASON",
         "AGE",
     ]
-    assert row[:8] == ["shown", "Assigned", "w7", "2", "1", "3", "5", '["gpu"]']
+    assert row[:9] == ["shown", "Assigned", "w7", "2", "1", "3", "0", "5", '["gpu"]']
 
 
 def test_worker_printer_columns(cluster: Cluster) -> None:

@@ -209,7 +209,7 @@ def test_a_task_needs_no_spec_and_a_worker_does() -> None:
 MUTATIONS: dict[str, Callable[[Schema], None]] = {
     "drop a field": lambda s: s["properties"]["spec"]["properties"].pop("cost"),
     "add a field": lambda s: s["properties"]["spec"]["properties"].update(
-        {"priority": {"type": "integer"}}
+        {"urgency": {"type": "integer"}}
     ),
     "change a default": lambda s: s["properties"]["spec"]["properties"][
         "leaseDurationSeconds"
@@ -462,9 +462,9 @@ def test_a_patch_holds_the_given_fields_and_clears_the_given_nones() -> None:
 
 
 def test_unknown_fields_are_ignored_when_parsing() -> None:
-    spec = parse_task_spec({"cost": 2, "priority": 9})
+    spec = parse_task_spec({"cost": 2, "urgency": 9})
     assert spec.cost == 2
-    assert "priority" not in spec.to_dict()
+    assert "urgency" not in spec.to_dict()
 
 
 def test_parse_accepts_read_only_mappings_like_kopf_bodies() -> None:

@@ -31,6 +31,7 @@ SPEC_FIELDS = {
     "cancel": "cancel",
     "active_deadline_seconds": "activeDeadlineSeconds",
     "ttl_seconds_after_finished": "ttlSecondsAfterFinished",
+    "priority": "priority",
 }
 
 

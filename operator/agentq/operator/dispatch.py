@@ -1,9 +1,9 @@
-"""Dispatch: the oldest pending tasks into the DRR core, and each grant it decides.
+"""Dispatch: the first pending tasks into the DRR core, and each grant it decides.
 
-Each step pops the heads of the pending queues (``cache.PendingQueue``, oldest
-first per namespace and capability set) into the scheduling core for as long as
-workers have room and fewer than ``DISPATCH_BATCH`` grants are in flight; a
-capability set no available worker covers is skipped whole. A re-dispatch
+Each step pops the heads of the pending queues (``queue.PendingQueue``, highest
+``spec.priority`` then oldest first per namespace and capability set) into the
+scheduling core for as long as workers have room and fewer than ``DISPATCH_BATCH``
+grants are in flight; a capability set no available worker covers is skipped whole. A re-dispatch
 prefers another worker than the ones its failed attempts ran on (the task's
 avoid set, ``claims.workers_to_avoid``).
 
@@ -37,6 +37,7 @@ from agentq.operator.indexes import Indexes
 from agentq.operator.leases import ClaimLeases
 from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.operator.publish import Publisher
+from agentq.operator.queue import QueueKey
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
 from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, Agenda, Retries, Stats
@@ -87,7 +88,8 @@ class Dispatcher:
         self._refill: asyncio.Task[None] | None = None  # the token refill in flight
 
     def dispatch(self) -> None:
-        """Pop the oldest dispatchable heads into the DRR core while workers have room."""
+        """Pop the first dispatchable heads (priority, then age) into the DRR core while
+        workers have room."""
         budget = self.batch - len(self.grants)
         if budget <= 0:
             return
@@ -98,16 +100,17 @@ class Dispatcher:
                 continue
             blocked: set[frozenset[str]] = set()
             while budget > 0:
-                best: tuple[str, str, frozenset[str]] | None = None
+                # The first head of all sets: highest priority, then oldest.
+                best: tuple[QueueKey, frozenset[str]] | None = None
                 for required in queue.sets(namespace):
                     if required in blocked:
                         continue
                     head = queue.head(namespace, required)
-                    if head is not None and (best is None or head < best[:2]):
-                        best = (head[0], head[1], required)
+                    if head is not None and (best is None or head < best[0]):
+                        best = (head, required)
                 if best is None:
                     break
-                _, name, required = best
+                name, required = best[0][2], best[1]
                 key = (namespace, name)
                 record = self.store.tasks.get(key)
                 if record is not None and record.busy:

@@ -5,7 +5,8 @@ the indexes agree with one record (or with its absence), in O(1) (O(log n) for
 a heap), and ``rebuild`` makes them from scratch. ``agentq.operator.invariants``
 builds them afresh and compares.
 
-- ``queue``: pending tasks per namespace and capability set, oldest first; a
+- ``queue``: pending tasks per namespace and capability set, highest priority
+  then oldest first; a
   member is *queued* (may be granted now) unless a grant of it is in flight or
   it waits out its retry backoff, a pause after a grant of unknown outcome, or a
   pause after writes refused for good -- each with a timer for its end;
@@ -181,7 +182,9 @@ class Indexes:
             record.pending_since = now
         start = grantable_from(record, now=now, wall=self.clock.now())
         ready = start is not None and start <= now
-        self.queue.add(key, new.queue, record.view.created, ready=ready)
+        self.queue.add(
+            key, new.queue, record.view.created, ready=ready, priority=record.view.spec.priority
+        )
         if start is not None and not ready:
             self.timers.push(start, (TIMER_BACKOFF, key))
 

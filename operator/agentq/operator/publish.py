@@ -289,7 +289,7 @@ class Publisher:
                     unschedulable += len(entry.members)
                 head = queue.head(namespace, required)
                 if head is not None:
-                    record = self.store.tasks.get((namespace, head[1]))
+                    record = self.store.tasks.get((namespace, head[2]))
                     if record is not None and record.pending_since is not None:
                         metrics.OLDEST_PENDING.labels(namespace, label).set(
                             now - record.pending_since

@@ -11,6 +11,8 @@ guarantees are written down in ``docs/scheduling.md``.
 - :mod:`agentq.scheduler.ledger`: the state and every transition of it.
 - :mod:`agentq.scheduler.fast`: :class:`Scheduler`, the rule on a capability-group index.
 - :mod:`agentq.scheduler.reference`: the same rule by a full scan (for tests and benchmarks).
+- :mod:`agentq.scheduler.tenancy`: the level above, which queue of a queue tree is
+  served next (hierarchical DRR by cost, ``docs/tenancy.md``).
 """
 
 from agentq.scheduler.fast import Scheduler
