@@ -91,7 +91,11 @@ async def test_a_token_the_other_replica_issued_while_we_did_not_lead_is_not_for
         NS,
         "theirs",
         lambda b: b["status"].update(
-            phase="Assigned", worker="w1", fencingToken=theirs, attempt=1, leaseName="agentq-task-theirs"
+            phase="Assigned",
+            worker="w1",
+            fencingToken=theirs,
+            attempt=1,
+            leaseName="agentq-task-theirs",
         ),
     )
     await h.settle()
