@@ -24,8 +24,8 @@ from agentq.operator.controller import Controller
 from agentq.operator.fake import FakeKube
 from agentq.operator.health import WatchHealth
 from agentq.operator.port import Kube
+from agentq.operator.records import TaskRecord
 from agentq.operator.silence import ApiSilence, HeardKube
-from agentq.operator.store import TaskRecord
 from agentq.scheduler import Scheduler
 from builders import TaskBuilder
 

@@ -37,7 +37,8 @@ from agentq.operator.gate import RequestGate
 from agentq.operator.leases import ClaimLeases, gone
 from agentq.operator.port import Body, Kube, KubeError, NotLeading, Reply, Status
 from agentq.operator.readiness import WorkerReadiness
-from agentq.operator.store import Grace, Store
+from agentq.operator.records import Grace
+from agentq.operator.store import Store
 from agentq.operator.work import REFUSED_SECONDS, TIMER_TASK, Agenda, Retries, Stats
 from agentq.views import LeaseView, TaskView
 

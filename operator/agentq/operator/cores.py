@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 from agentq.claims import Readiness
 from agentq.models import MIN_WEIGHT, TaskPhase
-from agentq.operator.store import Store, TaskRecord, WorkerRecord
+from agentq.operator.records import TaskRecord, WorkerRecord
+from agentq.operator.store import Store
 from agentq.scheduler import Assignment, Scheduler, WorkerSpec
 from agentq.views import Key, WorkerView
 

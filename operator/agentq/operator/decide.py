@@ -22,7 +22,8 @@ from agentq.operator.commit import Committer
 from agentq.operator.gate import RequestGate
 from agentq.operator.health import WatchHealth
 from agentq.operator.indexes import Indexes, deadline_end
-from agentq.operator.store import Grace, LeaseRecord, Store, TaskRecord, renews
+from agentq.operator.records import Grace, LeaseRecord, TaskRecord
+from agentq.operator.store import Store, renews
 from agentq.operator.work import TIMER_TASK, Agenda, Stats
 from agentq.views import LeaseView, TaskView
 

@@ -29,7 +29,8 @@ from agentq import claims
 from agentq.clock import Clock
 from agentq.models import TaskPhase
 from agentq.operator.queue import PendingQueue
-from agentq.operator.store import Store, TaskRecord, WorkerRecord
+from agentq.operator.records import TaskRecord, WorkerRecord
+from agentq.operator.store import Store
 from agentq.operator.work import TIMER_BACKOFF, Timers
 from agentq.views import Key, TaskView
 

@@ -28,7 +28,8 @@ from agentq.claims import Readiness
 from agentq.operator.cores import Cores, core_spec, wanted_holder
 from agentq.operator.indexes import Indexes, claim_worker, grantable_from, phase_name
 from agentq.operator.readiness import DIAGNOSE_SECONDS
-from agentq.operator.store import Store, TaskRecord
+from agentq.operator.records import TaskRecord
+from agentq.operator.store import Store
 from agentq.operator.work import TIMER_BACKOFF, TIMER_PUBLISH, TIMER_TASK, TIMER_WORKER, Agenda
 from agentq.views import Key
 

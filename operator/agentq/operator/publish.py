@@ -40,7 +40,8 @@ from agentq.operator.cores import Cores
 from agentq.operator.gate import RequestGate
 from agentq.operator.indexes import Indexes
 from agentq.operator.port import Kube, KubeError, Reply, Status
-from agentq.operator.store import PublishState, Store, WorkerRecord
+from agentq.operator.records import PublishState, WorkerRecord
+from agentq.operator.store import Store
 from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, TIMER_PUBLISH, Agenda, Stats
 from agentq.scheduler import WorkerState
 from agentq.views import Key, WorkerView

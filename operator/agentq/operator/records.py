@@ -1,0 +1,141 @@
+"""The records of the store: one per watched object, with the operator's memory of it.
+
+``TaskRecord``, ``WorkerRecord`` and ``LeaseRecord`` each hold the object's typed view
+(``agentq.views``) and what the operator remembers of it (grace, backoff, writes in
+flight, readiness, publish state...); ``Tombstones`` keep the resourceVersion at which
+deleted objects went, so a late reply does not bring one back. ``newer`` compares
+resourceVersions. The store (``agentq.operator.store``) owns the records.
+
+Pure data: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from agentq.claims import Readiness
+from agentq.expiry import Observation
+from agentq.views import Key, LeaseView, TaskView, WorkerView
+
+__all__ = [
+    "Grace",
+    "LeaseRecord",
+    "PublishState",
+    "TaskRecord",
+    "Tombstones",
+    "WorkerRecord",
+    "newer",
+    "rv_int",
+]
+
+
+def rv_int(resource_version: str) -> int | None:
+    """resourceVersions are etcd revisions (increasing integers) on every supported API
+    server; a non-numeric one is taken as newer than anything (None)."""
+    try:
+        return int(resource_version)
+    except ValueError:
+        return None
+
+
+def newer(new: str, old: str) -> bool:
+    """Whether ``new`` is a later version than ``old`` (equal is not newer)."""
+    a, b = rv_int(new), rv_int(old)
+    if a is None or b is None:
+        return new != old
+    return a > b
+
+
+@dataclass
+class Grace:
+    """A grace period started for the claim with ``token``; ends at ``deadline``."""
+
+    token: int
+    deadline: float  # monotonic
+
+
+@dataclass(slots=True)
+class TaskRecord:
+    view: TaskView
+    grace: Grace | None = None  # of the current claim, once started (leader memory)
+    progress_written: float | None = None  # when status.progress was last written
+    pending_since: float | None = None  # when it last became pending (latency metric)
+    backoff: tuple[str, float] | None = None  # (status.notBefore, its end on our clock)
+    deadline: tuple[str, float] | None = None  # (status.startTime, activeDeadline on our clock)
+    retry_at: float | None = None  # pending: not granted before (a grant's unknown outcome)
+    redecide_at: float | None = None  # decided again then (a write's unknown outcome, ...)
+    lost_race_at: str | None = None  # a grant on this resourceVersion lost its CAS: wait
+    unwritable_until: float | None = None  # its writes are refused for good: left alone
+    busy: bool = False  # a write about it is in flight
+    waiting: bool = False  # marked while busy: decided again when the write ends
+    granting: str | None = None  # the worker a grant in flight goes to
+    write: int = 0  # which write is in flight (``start_write``'s ticket): only it ends it
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+@dataclass(slots=True)
+class PublishState:
+    """When a worker's status may next be written, and whether a write is out."""
+
+    due: float | None = None  # when its status may be written (None: nothing to write)
+    urgent: bool = False  # a change of readiness or phase is waiting
+    written_at: float | None = None  # when we last wrote it
+    writing: bool = False  # a write is in flight
+
+
+@dataclass(slots=True)
+class WorkerRecord:
+    view: WorkerView
+    readiness: tuple[Readiness, str] | None = None  # as last evaluated
+    suspect_since: float | None = None  # a claim of it expired then, not renewed since
+    unlabelled: bool = False  # its Lease exists without our label (a direct read said)
+    diagnosed_at: float = -math.inf  # when that read was last sent
+    offered: frozenset[str] = frozenset()  # capabilities it offers (none if unreadable)
+    publish: PublishState = field(default_factory=PublishState)
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+@dataclass(slots=True)
+class LeaseRecord:
+    view: LeaseView
+    seen: Observation  # when its holder was last seen to renew it (our clock)
+    refused_report: str | None = None  # the report on it that was refused already
+    deleting: bool = False  # our delete of it is on its way
+    revoked_at: float | None = None  # when it was first seen revoked (our clock)
+
+    @property
+    def key(self) -> Key:
+        return self.view.key
+
+
+class Tombstones:
+    """The resourceVersion at which recently deleted objects went, at most ``limit`` of them."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._gone: OrderedDict[Key, str] = OrderedDict()
+
+    def bury(self, key: Key, resource_version: str) -> None:
+        self._gone[key] = resource_version
+        self._gone.move_to_end(key)
+        while len(self._gone) > self.limit:
+            self._gone.popitem(last=False)
+
+    def buried(self, key: Key, resource_version: str) -> bool:
+        """A body at ``resource_version`` is older than the deletion we saw."""
+        gone = self._gone.get(key)
+        return gone is not None and not newer(resource_version, gone)
+
+    def revive(self, key: Key) -> None:
+        self._gone.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._gone)
