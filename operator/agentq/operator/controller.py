@@ -44,7 +44,7 @@ from agentq.operator.leader import LeaderElector
 from agentq.operator.parts import Parts, wire
 from agentq.operator.port import Body, Kube
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import Stats
+from agentq.operator.work import TIMER_TASK, Stats
 
 __all__ = ["AlwaysHealthy", "Controller", "WatchHealth"]
 
@@ -267,6 +267,8 @@ class Controller:
         for record in self.store.tasks.values():
             record.grace = None  # recovered from status.graceUntil when decided
             record.retry_at = record.redecide_at = record.lost_race_at = None
+            if record.doubt is not None:  # a grant of unknown outcome: still held till then
+                self.agenda.at(record.doubt[1], (TIMER_TASK, record.key))
         for worker in self.store.workers.values():
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()

@@ -34,7 +34,9 @@ def wanted_holder(record: TaskRecord) -> str | None:
     if record.granting is not None:
         return record.granting
     view = record.view
-    return view.status.worker if view.active else None
+    if view.active:
+        return view.status.worker
+    return record.doubt[0] if record.doubt is not None else None
 
 
 def core_spec(worker: WorkerView, readiness: tuple[Readiness, str] | None) -> WorkerSpec | None:

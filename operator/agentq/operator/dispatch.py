@@ -40,11 +40,23 @@ from agentq.operator.publish import Publisher
 from agentq.operator.queue import QueueKey
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, Agenda, Retries, Stats
+from agentq.operator.work import (
+    REFUSED_SECONDS,
+    RETRY_SECONDS,
+    TIMER_TASK,
+    Agenda,
+    Retries,
+    Stats,
+)
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
 from agentq.views import TaskView
 
 __all__ = ["Dispatcher"]
+
+# How long a grant of unknown outcome holds its worker's slot if no newer view of its
+# task comes: past the longest a request may take (the request timeout, 10 s at most
+# by default) with a margin for a slow watch.
+DOUBT_SECONDS = 30.0
 
 log = logging.getLogger("agentq.controller")
 
@@ -249,12 +261,19 @@ class Dispatcher:
                 scheduler.abort(assignment)
         except KubeError as err:
             if not committed:
-                # Unknown outcome: if the grant was written, the watch shows it (the core's
-                # load follows the task's status); if it was not, the task is still
-                # pending and waits a pause before it is granted again, as a retry's
-                # backoff (a second grant on the old status would lose its CAS).
-                scheduler.abort(assignment)
-                self.retries.not_granted_for(key, RETRY_SECONDS)
+                # Unknown outcome: the grant may still land (a request cut at our timeout
+                # is not withdrawn from the API server). Giving its slot back at once let
+                # the next step grant the worker another task while this one landed too:
+                # one worker over its maxInFlight. The slot stays held and the task is not
+                # granted again until a newer view of it says what happened (the store
+                # clears the doubt), or DOUBT_SECONDS later (the timer below).
+                record = self.store.tasks.get(key)
+                if record is not None and record.view.uid == task.uid:
+                    until = self.clock.monotonic() + DOUBT_SECONDS
+                    record.doubt = (assignment.worker, until)
+                    self.agenda.at(until, (TIMER_TASK, key))
+                else:
+                    scheduler.abort(assignment)
             self.stats.unknown += 1
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
             self.retries.later(key)

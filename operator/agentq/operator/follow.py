@@ -126,6 +126,13 @@ class Follower:
             if kind == TIMER_TASK:
                 task = self.store.tasks.get(key)
                 if task is not None:
+                    if task.doubt is not None and task.doubt[1] <= now:
+                        # A grant of unknown outcome, and no newer view of the task since:
+                        # it did not land. Its slot is given back, the task queued again.
+                        task.doubt = None
+                        self._apply_task(key, False, None)
+                    elif task.doubt is not None:
+                        self.agenda.at(task.doubt[1], (TIMER_TASK, key))  # an earlier timer
                     self.decider.timer(task, now)
             elif kind == TIMER_BACKOFF:
                 self.indexes.sync_task(key, self.store.tasks.get(key))  # queued if it may be

@@ -101,9 +101,14 @@ def grantable_from(
     in flight (looked at again when it ends) or after a grant lost its race on the view
     held (looked at again when a newer one comes). ``keep``: remember the backoff's end
     on the record (False: only read)."""
-    if record.granting is not None or record.lost_race_at == record.view.resource_version:
-        # A grant in flight, or one that lost its race on this very view: a newer one is
-        # on its way (its event re-queues the task).
+    if (
+        record.granting is not None
+        or record.doubt is not None
+        or record.lost_race_at == record.view.resource_version
+    ):
+        # A grant in flight, or of unknown outcome (until a newer view or its timer), or
+        # one that lost its race on this very view: a newer one is on its way (its event
+        # re-queues the task).
         return None
     backoff = (backoff_end if keep else _backoff_read)(record, now=now, wall=wall)
     ends = [backoff, record.retry_at, record.unwritable_until]

@@ -72,6 +72,10 @@ class TaskRecord:
     waiting: bool = False  # marked while busy: decided again when the write ends
     granting: str | None = None  # the worker a grant in flight goes to
     write: int = 0  # which write is in flight (``start_write``'s ticket): only it ends it
+    # A grant to this worker whose outcome is unknown (its request timed out): it may
+    # still land, so its slot stays held and the task is not granted again until a
+    # newer view of the task says what happened, or until the monotonic time given.
+    doubt: tuple[str, float] | None = None
 
     @property
     def key(self) -> Key:

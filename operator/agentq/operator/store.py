@@ -168,6 +168,7 @@ class Store:
                 fresh.busy, fresh.granting, fresh.write = record.busy, record.granting, record.write
         else:
             record.view = view
+            record.doubt = None  # a newer view says whether a grant in doubt landed
         self.changed.task(key)
         return view
 

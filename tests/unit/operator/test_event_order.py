@@ -16,6 +16,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.operator import metrics
+from agentq.operator.dispatch import DOUBT_SECONDS
 from agentq.operator.fake import Hang, Held
 from agentq.operator.port import KubeError, Status
 from builders import task
@@ -61,9 +62,48 @@ async def test_a_grant_whose_status_write_never_arrived_is_dispatched_again() ->
     h.task(task("t").requires("llm"))
     await h.settle()
     assert h.controller.stats.unknown == 1 and h.phase("t") == "Pending"
+    # It may still land: its slot is held, the task not granted again, for a while.
+    assert h.core().worker_state("w1").in_flight == 1
     await h.advance(2)
+    assert h.phase("t") == "Pending"
+    await h.advance(DOUBT_SECONDS)
     assert h.phase("t") == "Assigned"
     assert h.core().worker_state("w1").in_flight == 1
+
+
+@run
+async def test_a_grant_of_unknown_outcome_that_landed_holds_its_slot() -> None:
+    """A grant whose request was cut at our timeout but that the API server applied (its
+    reply lost, its event not yet seen): the slot was given back at once, and the next
+    step granted the worker another task -- one worker over its maxInFlight (make chaos
+    seed 2: 122 times, with requests bounded by a leader lease that ran short)."""
+    h = Harness()
+    h.worker("w1", "llm", max_in_flight=1, lease_seconds=1000)
+
+    def first_grant(args: tuple[Any, ...]) -> bool:
+        if args[0] != "agenttasks":
+            return False
+        h.kube.hold_events()  # its event is not seen yet (a slow watch)
+        return True
+
+    h.kube.inject("patch_status", KubeError("timeout"), applied=True, when=first_grant)
+    h.task(task("a").requires("llm"))
+    h.task(task("b").requires("llm"))
+    for _ in range(30):
+        h.controller.step()
+        await asyncio.sleep(0)
+    await h.advance(5)
+    assigned = [n for n in ("a", "b") if h.phase(n) == "Assigned"]
+    assert len(assigned) == 1, "one grant landed; no second one beside it"
+    h.kube.deliver()
+    await h.settle()
+    # The grant's event shows it landed: the task is held (its Lease written by the
+    # repair of a claim without one); the other still waits for the slot.
+    for _ in range(int(DOUBT_SECONDS) + 1):
+        await h.advance(1)
+        active = [n for n in ("a", "b") if h.phase(n) in ("Assigned", "Running")]
+        assert len(active) <= 1, active
+    assert h.core().worker_state("w1").in_flight <= 1
 
 
 @run
