@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 import parallel
+from agentq import protocol
 from agentq.controlplane import Cluster
 from agentq.controlplane.binaries import resolve
 from agentq.controlplane.cluster import ClusterState
@@ -140,7 +141,16 @@ def agentq_installed(
 
     def install() -> None:
         base = install_base(control_plane.kubectl_path)
-        objects = [o for o in base if o["kind"] != "Deployment"]
+        # Not the leader-epoch policy: bound cluster-wide, it fences every AgentTask status
+        # write against the election Lease agentq-system/agentq-operator (which
+        # test_manifests' operator makes), and the shared control plane runs many operators
+        # without leader election in other namespaces: their grants, carrying no epoch,
+        # would be refused. test_leader_epoch_fence binds it to its own namespace.
+        objects = [
+            o
+            for o in base
+            if o["kind"] != "Deployment" and o["metadata"]["name"] != protocol.LEADER_EPOCH_POLICY
+        ]
         control_plane.kubectl("apply", "-f", "-", input=to_yaml(objects))
         wait_policy_in_force(control_plane)
 

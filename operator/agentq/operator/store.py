@@ -215,8 +215,11 @@ class Store:
             if record is not None:
                 del self.leases[key]
                 self.changed.lease(key, record.view, None)
-                if view.kind == protocol.LEASE_KIND_TASK:
-                    self._settle((view.namespace, view.subject))
+                # The record's kind and subject: the body of a deletion may carry no
+                # labels (our own delete's, ``leases.gone``), and a finished task kept
+                # for this Lease must still be let go (its TTL then runs).
+                if record.view.kind == protocol.LEASE_KIND_TASK:
+                    self._settle((record.view.namespace, record.view.subject))
             return record is not None
         if record is not None and not newer(view.resource_version, record.view.resource_version):
             return False

@@ -320,3 +320,34 @@ async def test_a_finished_tasks_lease_changed_while_its_delete_was_in_flight_is_
     await h.advance(2)
     assert h.lease("t") is None, "the finished attempt's Lease is deleted"
     assert (NS, "t") not in h.controller.store.tasks, "no record kept of a settled task"
+
+
+@run
+async def test_a_finished_task_whose_lease_we_deleted_is_let_go_and_deleted_after_its_ttl() -> None:
+    """The reply to our own delete of a finished attempt's Lease is recorded from a body
+    without labels (``leases.gone``): the store did not see a task Lease go, and kept the
+    finished task's record for good when no later write of it let it go: its TTL never
+    started (test_task_life's TTL test, in CI)."""
+    from agentq.operator.leases import gone
+
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    h.task(task("t").requires("llm").ttl(2))
+    await h.settle()
+    h.renew("t")
+    await h.settle()
+    store = h.controller.store
+    lease = store.lease_of(store.tasks[(NS, "t")].view)
+    assert lease is not None
+    h.kube.hold_events()  # what follows is not seen by the watch, only recorded here
+
+    def succeed(body: dict[str, Any]) -> None:
+        body["status"].update(phase="Succeeded", finishedAt="2026-01-01T00:00:01Z")
+
+    h.kube.edit("agenttasks", NS, "t", succeed)
+    # As its commit's reply would: the Succeeded status, the Lease still there.
+    store.observe_task(h.kube.get("agenttasks", NS, "t"))
+    assert (NS, "t") in store.tasks
+    store.observe_lease(gone(store.leases[lease.key].view), deleted=True, now=0.0, wall_age=0.0)
+    assert (NS, "t") not in store.tasks, "no record kept of a settled task"
+    assert store.changed.finished.get((NS, "t")) is not None, "the cleanup hears of it"

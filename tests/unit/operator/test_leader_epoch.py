@@ -8,7 +8,7 @@
   ``leaseTransitions`` (client-go's semantics); the value is the replica's epoch, and
   every grant carries it in ``status.leaderEpoch`` for the admission policy
   ``agentq-leader-epoch`` (tested on the real API server in
-  tests/integration/test_leader_epoch.py).
+  tests/integration/test_leader_epoch_fence.py).
 """
 
 from __future__ import annotations
