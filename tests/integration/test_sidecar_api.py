@@ -202,6 +202,7 @@ def bad_requests(token: int) -> list[tuple[str, str, str, bytes, int, str]]:
         ("wait-too-long", "GET", "/v1/assignments?wait=3600", b"", 400, "BadRequest"),
         ("bad-after", "GET", "/v1/assignments?after=-1", b"", 400, "BadRequest"),
         ("unknown-query", "GET", "/v1/assignments?token=1", b"", 400, "BadRequest"),
+        ("repeated-query", "GET", "/v1/assignments?wait=0&wait=true", b"", 400, "BadRequest"),
     ]
 
 

@@ -339,3 +339,7 @@ def _only_query(request: web.Request, allowed: set[str]) -> None:
     unknown = sorted(set(request.query) - allowed)
     if unknown:
         raise agent_input.bad(f"unknown query parameter(s): {', '.join(map(repr, unknown[:10]))}")
+    repeated = sorted(k for k in set(request.query) if len(request.query.getall(k)) > 1)
+    if repeated:
+        # ``?wait=1&wait=true`` is not one value: refused, not read as its first.
+        raise agent_input.bad(f"query parameter(s) given more than once: {', '.join(repeated)}")
