@@ -49,7 +49,9 @@ def test_operator_killed_during_a_burst_of_200_loses_and_duplicates_nothing(
         fleet.agent(name, "hold")  # agent-sim beats every third of the heartbeat interval
     for i in range(200):
         fleet.add_task(task(f"burst-{i:03d}").requires("llm").lease(30))
-    first = fleet.operator()
+    # One grant at a time, so the burst lasts long enough to be cut (at full speed it
+    # can be over between two listings of 200 tasks on a loaded machine).
+    first = fleet.operator(env={"AGENTQ_WRITE_CONCURRENCY": "1", "AGENTQ_DISPATCH_BATCH": "1"})
     deadline = time.monotonic() + 60
     while True:  # kill it mid-burst: some tasks granted, most not yet
         assigned = sum(1 for t in fleet.tasks() if (t.get("status") or {}).get("worker"))
