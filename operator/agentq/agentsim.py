@@ -36,7 +36,15 @@ from typing import Any
 
 import click
 
-from agentq.agent import Assignment, Cancelled, LeaseLost, SidecarClient, SidecarUnavailable
+from agentq.agent import (
+    DEFAULT_TOKEN_FILE,
+    TOKEN_FILE_ENV,
+    Assignment,
+    Cancelled,
+    LeaseLost,
+    SidecarClient,
+    SidecarUnavailable,
+)
 
 BEHAVIOURS = ("complete", "fail", "fatal", "hold", "hang", "stuck")
 _print_lock = threading.Lock()
@@ -255,8 +263,8 @@ class _SinkFence:
 )
 @click.option(
     "--token-file",
-    envvar="AGENTQ_SIDECAR_TOKEN_FILE",
-    help="the sidecar's token file [AGENTQ_SIDECAR_TOKEN_FILE; default: /run/agentq/sidecar-token]",
+    envvar=TOKEN_FILE_ENV,
+    help=f"the sidecar's token file [{TOKEN_FILE_ENV}; default: {DEFAULT_TOKEN_FILE}]",
 )
 @click.option(
     "--behaviour",

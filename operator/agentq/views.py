@@ -420,15 +420,10 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
     # Whose Lease it is follows from its name, which the operator (or the worker's
     # sidecar) chose and nobody can change: the agentq.dev/task and agentq.dev/worker
     # labels are for selectors, and anyone with Lease rights can point them elsewhere.
-    # The label is taken only where it gives back the name (a name too long to keep
-    # whole in a Lease name is shortened with a hash).
     worker = kind == protocol.LEASE_KIND_WORKER
-    label = labels.get(protocol.LABEL_WORKER if worker else protocol.LABEL_TASK)
-    prefix = protocol.WORKER_LEASE_PREFIX if worker else protocol.TASK_LEASE_PREFIX
-    if isinstance(label, str) and label and name == _shorten_lease_name(prefix, label):
-        subject = label
-    else:
-        subject = name.removeprefix(prefix)
+    subject = name.removeprefix(
+        protocol.WORKER_LEASE_PREFIX if worker else protocol.TASK_LEASE_PREFIX
+    )
     return LeaseView(
         namespace=str(meta.get("namespace") or ""),
         name=name,
@@ -448,12 +443,6 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
         revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
     )
-
-
-def _shorten_lease_name(prefix: str, subject: str) -> str:
-    if prefix == protocol.WORKER_LEASE_PREFIX:
-        return protocol.worker_lease_name(subject)
-    return protocol.task_lease_name(subject)
 
 
 def _revoked(text: object) -> str | None:

@@ -230,21 +230,19 @@ def in_pod() -> bool:
 def load(
     kubeconfig: str | Path | None = None,
     *,
-    account_dir: Path | None = None,
     home_fallback: bool = True,
 ) -> KubeConfig:
     """A named kubeconfig; else the pod's account when in a pod; else the default
     kubeconfig (``$KUBECONFIG``, ``~/.kube/config``) unless ``home_fallback`` is False:
     then a missing pod account is an error, never a file someone else could plant."""
     if kubeconfig is None:
-        found = in_cluster(account_dir)
+        found = in_cluster()
         if found is not None:
             return found
         if not home_fallback:
-            account = account_dir or SERVICE_ACCOUNT_DIR
             raise ConfigError(
-                f"no ServiceAccount token at {account / 'token'} (is the projected token "
-                "volume mounted into this container?) and no kubeconfig named: in a pod "
+                f"no ServiceAccount token at {SERVICE_ACCOUNT_DIR / 'token'} (is the projected "
+                "token volume mounted into this container?) and no kubeconfig named: in a pod "
                 "the sidecar does not fall back to $KUBECONFIG or ~/.kube/config"
             )
     return from_kubeconfig(kubeconfig)

@@ -358,12 +358,7 @@ class Controller:
         a moment (its leader Lease not yet renewed) keeps them: its indexes are live."""
         if self.leading and not self._rebuild:
             return
-        changed = self.store.changed
-        for key, view in changed.finished.items():
-            self.cleanup.saw(key, view)
-            if view is not None:
-                self.tokens.observe(view.status.fencing_token)
-        changed.clear()
+        self.follower.drop_changes()
 
     def _next_wakeup(self) -> float:
         if not self.may_decide():

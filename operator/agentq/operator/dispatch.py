@@ -11,8 +11,9 @@ A grant is the status compare-and-swap (phase Assigned, worker, attempt, a new
 fencing token from ``TokenAllocator``), then the claim's Lease, then its Event.
 A lost race (409) or a refusal gives the decision back to the core (``abort``),
 and a task whose writes are refused for good back to the queue when its pause ends;
-an unknown outcome leaves the core's load to follow what the task's status says,
-and the task back in the queue ``RETRY_SECONDS`` later if it is still pending. A
+an unknown outcome keeps the worker's slot held and the task out of the queue until
+a newer view of the task says whether it landed (``TaskRecord.doubt``, at most
+``DOUBT_SECONDS``). A
 grant that finds this replica no longer sure to lead when its turn to be sent
 comes (``Controller.call``) is not sent: the decision goes back to the core and
 the task back to the queue. Each grant carries the epoch of the leadership it was
@@ -213,24 +214,23 @@ class Dispatcher:
                 scheduler.abort(assignment)
                 await committer.refused_for_good(task, transition, reply.message)
                 return
-            if reply.status is Status.FORBIDDEN and protocol.LEADER_EPOCH_POLICY in reply.message:
-                # A deposed leader's grant, refused for its old epoch: another replica
-                # leads (ours will know at its next round). Nothing was written.
-                scheduler.abort(assignment)
-                self.stats.deposed += 1
-                metrics.COMMIT_CONFLICTS.labels("AgentTask").inc()  # a race lost to the leader
-                log.warning(
-                    "grant of %s/%s refused: epoch %s is not the leader's (deposed)",
-                    *key,
-                    epoch,
-                )
-                # Not again at once: our elector learns of the new leader within a round.
-                self.retries.not_granted_for(key, RETRY_SECONDS)
-                return
             if reply.status is Status.FORBIDDEN:
                 scheduler.abort(assignment)
-                committer.refused_by_rbac(task, reply.message)
-                self.retries.not_granted_for(key, REFUSED_SECONDS)
+                if protocol.LEADER_EPOCH_POLICY in reply.message:
+                    # A deposed leader's grant, refused for its old epoch: another replica
+                    # leads (ours will know at its next round). Nothing was written.
+                    self.stats.deposed += 1
+                    metrics.COMMIT_CONFLICTS.labels("AgentTask").inc()  # a race lost
+                    log.warning(
+                        "grant of %s/%s refused: epoch %s is not the leader's (deposed)",
+                        *key,
+                        epoch,
+                    )
+                    # Not again at once: our elector learns of the new leader within a round.
+                    self.retries.not_granted_for(key, RETRY_SECONDS)
+                else:
+                    committer.refused_by_rbac(task, reply.message)
+                    self.retries.not_granted_for(key, REFUSED_SECONDS)
                 return
             if not reply.ok or reply.body is None:
                 # 409 / 404: the task changed or went; its event decides again.

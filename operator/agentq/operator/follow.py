@@ -69,10 +69,7 @@ class Follower:
                 list(changed.finished.items()),
             )
             changed.clear()
-            for key, view in finished:
-                self.cleanup.saw(key, view)
-                if view is not None:
-                    self.tokens.observe(view.status.fencing_token)
+            self._finished(finished)
             for key in workers:
                 self._apply_worker(key)
             ended = dict(finished)
@@ -80,6 +77,20 @@ class Follower:
                 self._apply_task(key, view_changed, ended.get(key))
             for _, (old, new) in leases:
                 self._apply_lease(old, new)
+
+    def drop_changes(self) -> None:
+        """Forget what changed without applying it (a rebuild follows, or we do not lead):
+        all but the finished tasks, which have no record -- the cleanup remembers them."""
+        self._finished(list(self.store.changed.finished.items()))
+        self.store.changed.clear()
+
+    def _finished(self, finished: list[tuple[Key, TaskView | None]]) -> None:
+        """Finished tasks seen (None: gone, or not finished): to the cleanup, and their
+        tokens to the allocator's floor."""
+        for key, view in finished:
+            self.cleanup.saw(key, view)
+            if view is not None:
+                self.tokens.observe(view.status.fencing_token)
 
     def _apply_task(self, key: Key, view_changed: bool, finished: TaskView | None) -> None:
         """``finished``: the task's last view if it finished and left the store."""
@@ -145,9 +156,7 @@ class Follower:
         """Every index and core from the records; every task decided and every worker
         evaluated again (``urgent``: its status compared at once, a new leader's way).
         Finished tasks have no record: what was seen of them goes to the cleanup first."""
-        for key, view in self.store.changed.finished.items():
-            self.cleanup.saw(key, view)
-        self.store.changed.clear()
+        self.drop_changes()
         self.indexes.rebuild(self.store)
         for namespace in {key[0] for key in self.store.workers}:
             self.cores.of(namespace)

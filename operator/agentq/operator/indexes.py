@@ -97,9 +97,9 @@ def grantable_from(
     record: TaskRecord, *, now: float, wall: datetime, keep: bool = True
 ) -> float | None:
     """From when (monotonic) a pending task may be granted: its backoff, a pause after a
-    grant of unknown outcome, a pause after refused writes; None while a grant of it is
-    in flight (looked at again when it ends) or after a grant lost its race on the view
-    held (looked at again when a newer one comes). ``keep``: remember the backoff's end
+    refused grant, a pause after refused writes; None while a grant of it is in flight
+    (looked at again when it ends), of unknown outcome (``doubt``), or lost its race on
+    the view held (looked at again when a newer one comes). ``keep``: remember the backoff's end
     on the record (False: only read)."""
     if (
         record.granting is not None

@@ -91,25 +91,10 @@ class ClaimLeases:
     async def revoke(self, task: TaskView, lease: LeaseView, reason: str) -> None:
         """Mark the claim revoked on its Lease (a CAS on the version the decision saw): the
         holder's sidecar stops renewing it and tells its agent ``reason``. A Lease that
-        changed meanwhile (a report came) is decided again from its new version."""
+        changed meanwhile (a report came) is decided again from its new version; one that
+        went is decided again by its deletion."""
         patch = {"metadata": {"annotations": {protocol.ANNOTATION_REVOKED: reason}}}
-        reply = await self.gate.call(
-            self.kube.patch_lease, lease.namespace, lease.name, lease.resource_version, patch
-        )
-        if reply.ok and reply.body is not None:
-            self.observe(reply.body)
-        elif reply.status is Status.FORBIDDEN:
-            self.stats.refused += 1
-            log.error("revoking Lease %s/%s forbidden: %s", *lease.key, reply.message)
-            self.retries.later(task.key, REFUSED_SECONDS)
-        elif reply.status is Status.INVALID:
-            log.error("revoking Lease %s/%s refused: %s", *lease.key, reply.message)
-            self.retries.left_alone(task.key)
-        elif reply.status is Status.CONFLICT:
-            # The Lease changed first -- most often a renewal, which is no decision of its
-            # own (``renews``): decided again a moment later, on its newer version.
-            self.retries.later(task.key)
-        # GONE: the Lease went; its deletion decides again.
+        await self._patch(task, lease, patch, "revoking")
 
     async def _relabel(self, task: TaskView, lease: LeaseView, labels: dict[str, str]) -> None:
         """The claim's Lease is there but without our ``agentq.dev/lease`` label (someone
@@ -124,24 +109,37 @@ class ClaimLeases:
             task.name,
             protocol.LABEL_LEASE_KIND,
         )
+        unanswered = await self._patch(task, lease, {"metadata": {"labels": labels}}, "relabelling")
+        if unanswered is not None:
+            # Gone meanwhile (or another answer): the watch does not show an unlabelled
+            # Lease going, so nothing else would decide the task again.
+            self.retries.later(task.key)
+
+    async def _patch(
+        self, task: TaskView, lease: LeaseView, patch: Body, doing: str
+    ) -> Status | None:
+        """A CAS patch of the claim's Lease on the version the decision saw, and what
+        follows from the answer; returns the status of an answer not handled here (GONE,
+        say), else None."""
         reply = await self.gate.call(
-            self.kube.patch_lease,
-            lease.namespace,
-            lease.name,
-            lease.resource_version,
-            {"metadata": {"labels": labels}},
+            self.kube.patch_lease, lease.namespace, lease.name, lease.resource_version, patch
         )
         if reply.ok and reply.body is not None:
             self.observe(reply.body)
         elif reply.status is Status.FORBIDDEN:
             self.stats.refused += 1
-            log.error("relabelling Lease %s/%s forbidden: %s", *lease.key, reply.message)
+            log.error("%s Lease %s/%s forbidden: %s", doing, *lease.key, reply.message)
             self.retries.later(task.key, REFUSED_SECONDS)
         elif reply.status is Status.INVALID:
-            log.error("relabelling Lease %s/%s refused: %s", *lease.key, reply.message)
+            log.error("%s Lease %s/%s refused: %s", doing, *lease.key, reply.message)
             self.retries.left_alone(task.key)
+        elif reply.status is Status.CONFLICT:
+            # The Lease changed first -- most often a renewal, which is no decision of its
+            # own (``renews``): decided again a moment later, on its newer version.
+            self.retries.later(task.key)
         else:
-            self.retries.later(task.key)  # changed or gone meanwhile: decided again
+            return reply.status
+        return None
 
     def grant_lease_body(self, task: TaskView) -> Body:
         status = task.status

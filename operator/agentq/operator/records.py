@@ -64,7 +64,7 @@ class TaskRecord:
     pending_since: float | None = None  # when it last became pending (latency metric)
     backoff: tuple[str, float] | None = None  # (status.notBefore, its end on our clock)
     deadline: tuple[str, float] | None = None  # (status.startTime, activeDeadline on our clock)
-    retry_at: float | None = None  # pending: not granted before (a grant's unknown outcome)
+    retry_at: float | None = None  # pending: not granted before (a refused or deposed grant)
     redecide_at: float | None = None  # decided again then (a write's unknown outcome, ...)
     lost_race_at: str | None = None  # a grant on this resourceVersion lost its CAS: wait
     unwritable_until: float | None = None  # its writes are refused for good: left alone

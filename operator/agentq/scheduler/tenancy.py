@@ -232,8 +232,7 @@ class _Tree(ABC):
         del parent.children[node.spec.name]
         if node.backlogged:
             parent.live -= 1
-            self._bump(node)
-            self._changed(parent, node)
+            self._bump(node)  # its entries in the parent's index are stale from now
         node.parent = None
         self._recompute(parent)
         # Detached now: keep its backlog as it is, to join with the rule when linked.
@@ -260,7 +259,7 @@ class _Tree(ABC):
         if node is None:
             node = _Node(spec)
             self._nodes[spec.name] = node
-            parent = self._nodes.get(spec.parent) if spec.parent is not None else self._root
+            parent = self._parent_of_spec(spec)
             if parent is not None:
                 node.tag = parent.vtime
             self._link(node)

@@ -20,12 +20,11 @@ import os
 import secrets
 from pathlib import Path
 
+# In a pod: an emptyDir mounted there in the sidecar and read-only in the agent
+# container (manifests/agent/agent.yaml). Both sides read the same variable: the agent
+# SDK's names.
+from agentq.agent import TOKEN_FILE_ENV
 from agentq.sidecar.attempts import AgentError
-
-# In a pod: an emptyDir mounted here in the sidecar and read-only in the agent
-# container (manifests/agent/agent.yaml). Both sides read the same variable.
-DEFAULT_TOKEN_FILE = "/run/agentq/sidecar-token"
-TOKEN_FILE_ENV = "AGENTQ_SIDECAR_TOKEN_FILE"
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::"})

@@ -33,19 +33,13 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from agentq import jsonlog, protocol
+from agentq.agent import DEFAULT_TOKEN_FILE, TOKEN_FILE_ENV
 from agentq.clock import Clock, SystemClock
 from agentq.models import AgentWorkerSpec
 from agentq.sidecar import metrics
 from agentq.sidecar.api import AgentApi
 from agentq.sidecar.attempts import Attempts
-from agentq.sidecar.auth import (
-    DEFAULT_TOKEN_FILE,
-    TOKEN_FILE_ENV,
-    Guard,
-    is_loopback_listen,
-    new_secret,
-    write_token_file,
-)
+from agentq.sidecar.auth import Guard, is_loopback_listen, new_secret, write_token_file
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import KubeApi
 from agentq.sidecar.registration import register

@@ -173,17 +173,27 @@ class SidecarClient:
             token_file or os.environ.get(TOKEN_FILE_ENV) or DEFAULT_TOKEN_FILE
         )
         self._token = token
+        self._read: str | None = None  # the token file's contents as last read
 
     def secret(self) -> str | None:
-        """The secret to send: ``token`` if given, else the token file's contents now
-        (None while the file is missing: the sidecar then answers 401 and says why)."""
+        """The secret to send: ``token`` if given, else the token file's contents, read
+        once and again after a 401 (None while the file is missing: the sidecar then
+        answers 401 and says why)."""
+        if self._token is not None:
+            return self._token
+        if self._read is None:
+            self._reread()
+        return self._read
+
+    def _reread(self) -> str | None:
         if self._token is not None:
             return self._token
         try:
             with open(self.token_file, encoding="utf-8") as file:
-                return file.read().strip() or None
+                self._read = file.read().strip() or None
         except OSError:
-            return None
+            self._read = None
+        return self._read
 
     # -- raw requests ----------------------------------------------------------------------
 
@@ -202,8 +212,9 @@ class SidecarClient:
             return self._send(method, path, body, timeout, secret)
         except AgentError as err:
             # A restarted sidecar made a new secret after ours was read: once more with it.
-            if err.status == 401 and self.secret() not in (secret, None):
-                return self._send(method, path, body, timeout, self.secret())
+            fresh = self._reread() if err.status == 401 else None
+            if fresh not in (secret, None):
+                return self._send(method, path, body, timeout, fresh)
             raise
 
     def _send(
