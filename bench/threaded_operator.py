@@ -27,7 +27,7 @@ from agentq.operator.port import Kube
 def make_kube(config: OperatorConfig, kubeconfig: kube.KubeConfig) -> Kube:
     return ThreadedKube(
         make_api_client(pool_size=config.write_concurrency + 4),
-        request_timeout=config.request_timeout,
+        request_timeout=config.request_seconds,
     )
 
 
