@@ -89,9 +89,7 @@ async def test_a_grant_of_unknown_outcome_that_landed_holds_its_slot() -> None:
     h.kube.inject("patch_status", KubeError("timeout"), applied=True, when=first_grant)
     h.task(task("a").requires("llm"))
     h.task(task("b").requires("llm"))
-    for _ in range(30):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(30)
     await h.advance(5)
     assigned = [n for n in ("a", "b") if h.phase(n) == "Assigned"]
     assert len(assigned) == 1, "one grant landed; no second one beside it"
@@ -281,9 +279,7 @@ async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothin
     gate = asyncio.Event()
     h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agenttasks")
     h.clock.advance(3.5)  # the holder is dead: the expiry is decided, its write held
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     h.kube.remove("agentworkers", NS, "w1")
     gate.set()
     await h.settle()
@@ -307,14 +303,10 @@ async def test_a_finished_tasks_lease_changed_while_its_delete_was_in_flight_is_
     gate = asyncio.Event()
     h.kube.inject("delete_lease", Held(gate))
     h.report("t", outcome="Succeeded", result={"ok": True})
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     assert h.phase("t") == "Succeeded"
     h.renew("t")  # the holder's renewal, after its report, before the delete
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     gate.set()
     await h.settle()
     await h.advance(2)

@@ -27,14 +27,6 @@ async def running(h: Harness, name: str, *, lease: int = 30, **kw: Any) -> int:
     return token
 
 
-async def steps(h: Harness, n: int = 10) -> None:
-    """Run steps without waiting for the writes in flight (some are held)."""
-    for _ in range(n):
-        h.controller.step()
-        for _ in range(5):
-            await asyncio.sleep(0)
-
-
 # --- A2: a task Lease stripped of its agentq.dev/lease label ------------------------------
 
 
@@ -138,10 +130,10 @@ async def test_a_finished_tasks_lease_delete_that_loses_a_race_to_a_renewal_is_r
     gate = asyncio.Event()
     h.kube.inject("delete_lease", Held(gate))
     h.report("t", outcome="Succeeded", result={"ok": True})
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.phase("t") == "Succeeded"
     h.renew("t")  # the holder's last renewal, before it saw the end
-    await steps(h)
+    await h.steps(10, yields=5)
     gate.set()
     await h.settle()
     await h.run_for(3)
@@ -163,7 +155,7 @@ async def test_a_ttl_delete_that_loses_to_a_change_of_the_task_is_tried_again() 
     gate = asyncio.Event()
     h.kube.inject("delete_task", Held(gate))
     h.clock.advance(6)
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.controller.cleanup.deleting == 1
     h.kube.edit(
         "agenttasks",
@@ -171,7 +163,7 @@ async def test_a_ttl_delete_that_loses_to_a_change_of_the_task_is_tried_again() 
         "t",
         lambda b: b["metadata"].setdefault("labels", {}).__setitem__("team", "a"),
     )
-    await steps(h)
+    await h.steps(10, yields=5)
     gate.set()
     await h.settle()
     await h.run_for(10)
@@ -242,17 +234,17 @@ async def test_the_end_of_a_write_about_a_deleted_task_does_not_end_its_successo
     old = asyncio.Event()
     h.kube.inject("patch_status", Held(old), when=lambda a: a[0] == "agenttasks")
     h.report("t", outcome="Succeeded", result={"ok": True})
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.record("t").busy
     h.delete_task("t")
     new = asyncio.Event()
     h.kube.inject("patch_status", Held(new), when=lambda a: a[0] == "agenttasks")
     h.task(task("t").requires("llm").lease(30))
-    await steps(h)
+    await h.steps(10, yields=5)
     record = h.record("t")
     assert record.busy and record.granting == "w", "the new task's grant is in flight"
     old.set()
-    await steps(h)
+    await h.steps(10, yields=5)
     assert record.busy and record.granting == "w", "still in flight"
     assert h.controller.store.busy == 1
     new.set()

@@ -8,7 +8,6 @@ every normal completion, which people read as a zombie. A zombie's report still 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from agentq import protocol
@@ -26,15 +25,6 @@ async def running(h: Harness, name: str = "t") -> None:
     assert h.phase(name) == "Running"
 
 
-async def steps(h: Harness, n: int = 10) -> None:
-    """Steps, the writes in flight given their turns (``settle`` would wait for the
-    held deletes)."""
-    for _ in range(n):
-        h.controller.step()
-        for _ in range(5):
-            await asyncio.sleep(0)
-
-
 def lease_deletes_held(h: Harness) -> None:
     """The operator's Lease deletes wait (low priority, a busy API server)."""
     h.kube.inject("delete_lease", Hang())
@@ -46,9 +36,7 @@ async def test_a_success_draws_no_stale_report_refusal() -> None:
     await running(h)
     lease_deletes_held(h)
     h.report("t", outcome="Succeeded", result={"answer": 42})
-    for _ in range(5):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert h.phase("t") == "Succeeded"
@@ -62,9 +50,7 @@ async def test_a_retryable_failure_draws_no_stale_report_refusal() -> None:
     await running(h)
     lease_deletes_held(h)
     h.report("t", outcome="Failed", error={"reason": "Flaky", "retryable": True})
-    for _ in range(5):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert h.status("t")["reclaims"] == 1
@@ -110,7 +96,7 @@ async def test_a_zombies_report_on_its_own_expired_attempts_lease_is_still_refus
     first = h.status("t")
     lease_deletes_held(h)
     h.clock.advance(31)  # the holder stopped: reclaimed
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.status("t")["reclaims"] == 1 and h.lease("t") is not None
     zombie = {
         "token": first["fencingToken"],
@@ -119,7 +105,7 @@ async def test_a_zombies_report_on_its_own_expired_attempts_lease_is_still_refus
         "error": {"reason": "Boom", "retryable": True},
     }
     h.annotate_lease("t", protocol.ANNOTATION_REPORT, json.dumps(zombie))
-    await steps(h)
+    await h.steps(10, yields=5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert "StaleReportRefused" in h.kube.reasons("t"), h.kube.reasons("t")
