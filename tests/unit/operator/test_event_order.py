@@ -251,11 +251,7 @@ async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() ->
     """The same pause for a claim set no timer for its end: the claim (here, its holder
     died meanwhile) was judged again only at the next resync, up to 5 minutes late."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=100_000)
-    h.task(task("t").requires("llm").lease(30))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").lease(30), lease_seconds=100_000)
     h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
     h.renew("t", progress="step 1")  # its copy into status is refused for good
     await h.settle()
@@ -271,11 +267,7 @@ async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothin
     while that write was in flight was remembered as suspect for good (a leak per
     deleted worker)."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm").lease(3))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").lease(3))
     gate = asyncio.Event()
     h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agenttasks")
     h.clock.advance(3.5)  # the holder is dead: the expiry is decided, its write held
@@ -295,11 +287,7 @@ async def test_a_finished_tasks_lease_changed_while_its_delete_was_in_flight_is_
     was skipped as one was in flight, and the first one's 409 did nothing: the finished
     task kept its record and its Lease, and was never cleaned up after its TTL."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm"))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm"))
     gate = asyncio.Event()
     h.kube.inject("delete_lease", Held(gate))
     h.report("t", outcome="Succeeded", result={"ok": True})
@@ -323,11 +311,7 @@ async def test_a_finished_task_whose_lease_we_deleted_is_let_go_and_deleted_afte
     from agentq.operator.leases import gone
 
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm").ttl(2))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").ttl(2))
     store = h.controller.store
     lease = store.lease_of(store.tasks[(NS, "t")].view)
     assert lease is not None

@@ -17,11 +17,11 @@ from harness import NS, Harness, run
 
 
 async def running(h: Harness, name: str, *, lease: int = 30, **kw: Any) -> int:
-    h.worker("w", "llm", lease_seconds=100_000)
-    h.task(task(name).requires("llm").lease(lease).max_reclaims(kw.get("max_reclaims", 3)))
-    await h.settle()
-    h.renew(name)
-    await h.settle()
+    await h.running(
+        task(name).requires("llm").lease(lease).max_reclaims(kw.get("max_reclaims", 3)),
+        worker="w",
+        lease_seconds=100_000,
+    )
     assert h.phase(name) == "Running", h.status(name)
     token: int = h.status(name)["fencingToken"]
     return token

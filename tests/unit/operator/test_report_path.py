@@ -17,11 +17,7 @@ from harness import NS, Harness, run
 
 
 async def running(h: Harness, name: str = "t") -> None:
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task(name).requires("llm").lease(30).backoff(initial=0))
-    await h.settle()
-    h.renew(name)
-    await h.settle()
+    await h.running(task(name).requires("llm").lease(30).backoff(initial=0))
     assert h.phase(name) == "Running"
 
 
