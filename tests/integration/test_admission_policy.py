@@ -20,6 +20,7 @@ from kubernetes import client
 
 from accounts import api_for_token, bound_pod, create_account, refused, token
 from agentq import GROUP, VERSION
+from builders import worker
 from fleet import ControlPlane
 from manifests import agent_objects, to_yaml
 
@@ -122,19 +123,10 @@ def test_an_agent_keeps_its_own_worker_lease_and_renews_its_task_leases(
     )
     assert written.metadata.annotations["agentq.dev/report"] == report
 
-    worker = agent.custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "agentworkers",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentWorker",
-            "metadata": {"name": "alpha"},
-            "spec": {"capabilities": ["llm"]},
-        },
+    registered = agent.custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentworkers", worker("alpha", "llm").obj()
     )
-    assert worker["metadata"]["name"] == "alpha"
+    assert registered["metadata"]["name"] == "alpha"
 
 
 def foreign_writes(agent: Agent, namespace: str) -> dict[str, Callable[[], Any]]:
@@ -282,17 +274,7 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         VERSION,
         namespace,
         "agentworkers",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentWorker",
-            "metadata": {"name": "alpha", "labels": {"team": "a"}},
-            "spec": {
-                "capabilities": ["llm", "gpu"],
-                "weight": 2,
-                "maxInFlight": 4,
-                "paused": True,
-            },
-        },
+        worker("alpha", "llm", "gpu").label("team", "a").weight(2).max_in_flight(4).paused().obj(),
     )
 
     def patch(body: dict[str, Any]) -> Any:
