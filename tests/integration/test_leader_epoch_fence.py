@@ -18,7 +18,6 @@ Without the policy or the epoch this test fails: ``w`` holds both tasks.
 
 from __future__ import annotations
 
-import copy
 import signal
 import time
 from collections.abc import Iterator
@@ -53,9 +52,7 @@ def policy_for(namespace: str) -> list[dict[str, Any]]:
     paramRef the election Lease the test's operators use (in the same namespace)."""
     policy, binding = yaml.safe_load_all((MANIFESTS / "leader-epoch-policy.yaml").read_text())
     name = f"{protocol.LEADER_EPOCH_POLICY}-{namespace}"
-    policy = copy.deepcopy(policy)
     policy["metadata"]["name"] = name
-    binding = copy.deepcopy(binding)
     binding["metadata"]["name"] = name
     binding["spec"]["policyName"] = name
     binding["spec"]["paramRef"]["namespace"] = namespace
