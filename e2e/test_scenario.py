@@ -347,10 +347,12 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
     credentials_only_where_needed(k)
 
 
-def in_container(k: Cluster, pod: str, container: str, script: str, *args: str) -> Any:
+def in_container(
+    k: Cluster, pod: str, container: str, script: str, *args: str, namespace: str = NAMESPACE
+) -> Any:
     """Run a podchecks script with the container's python3; its JSON line."""
     out = k.kubectl(
-        "-n", NAMESPACE, "exec", pod, "-c", container, "--", "python3", "-c", script, *args
+        "-n", namespace, "exec", pod, "-c", container, "--", "python3", "-c", script, *args
     )
     return json.loads(out.strip().splitlines()[-1])
 
@@ -561,12 +563,10 @@ def refusals(k: Cluster) -> None:
     )
     try:
         pod = k.pod_of("large").metadata.name
-        out = k.kubectl(
-            "-n", NAMESPACE, "exec", pod, "-c", "sidecar", "--", "python3", "-c", FOREIGN_WRITES
-        )
+        found = in_container(k, pod, "sidecar", FOREIGN_WRITES)
     finally:
         k.leases.delete_namespaced_lease("agentq-task-planted", NAMESPACE)
-    results = {what: tuple(r) for what, r in json.loads(out.strip().splitlines()[-1]).items()}
+    results = {what: tuple(r) for what, r in found.items()}
     for what, (status, message) in results.items():
         say(f"  with pod {pod}'s own token, {what}: {status} {str(message)[:160]}")
     assert results["own worker Lease (read)"][0] == 200, results
@@ -584,11 +584,10 @@ def refusals(k: Cluster) -> None:
     operator = k.core.list_namespaced_pod(
         "agentq-system", label_selector="app.kubernetes.io/name=agentq-operator"
     ).items[0]
-    out = k.kubectl(
-        "-n", "agentq-system", "exec", operator.metadata.name, "-c", "operator", "--",
-        "python3", "-c", NODE_LEASE_WRITE, node_lease.metadata.name,
+    status, message = in_container(
+        k, operator.metadata.name, "operator", NODE_LEASE_WRITE, node_lease.metadata.name,
+        namespace="agentq-system",
     )  # fmt: skip
-    status, message = json.loads(out.strip().splitlines()[-1])
     say(f"  with operator {operator.metadata.name}'s token, the node's Lease: {status}")
     assert status == 403 and "agentq-operator-leases" in message, (status, message)
     after = k.leases.read_namespaced_lease(node_lease.metadata.name, "kube-node-lease")
@@ -605,11 +604,10 @@ def refusals(k: Cluster) -> None:
             "spec": {"requiredCapabilities": ["nobody-has-this"]},
         }]),
     )  # fmt: skip
-    out = k.kubectl(
-        "-n", "agentq-system", "exec", operator.metadata.name, "-c", "operator", "--",
-        "python3", "-c", STALE_GRANT, NAMESPACE, "stale-grant",
+    transitions, status, message = in_container(
+        k, operator.metadata.name, "operator", STALE_GRANT, NAMESPACE, "stale-grant",
+        namespace="agentq-system",
     )  # fmt: skip
-    transitions, status, message = json.loads(out.strip().splitlines()[-1])
     say(f"  with operator {operator.metadata.name}'s token, a grant of epoch {transitions - 1}"
         f" (the Lease's is {transitions}): {status}")  # fmt: skip
     assert transitions >= 1, transitions

@@ -4,11 +4,14 @@ kubelet-mounted token does), and kubeconfigs and API clients that use them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 
 def create_account(core: client.CoreV1Api, namespace: str, name: str) -> None:
@@ -72,3 +75,15 @@ def api_for_token(admin_kubeconfig: str, token: str) -> client.ApiClient:
     configuration.key_file = None
     configuration.api_key = {"authorization": f"Bearer {token}"}
     return client.ApiClient(configuration)
+
+
+def refused(call: Callable[[], Any], *, by: str, says: str = "") -> str:
+    """The API server refuses ``call`` (403), ``by`` (an admission policy, or RBAC's
+    "cannot") and saying ``says``: returns the refusal's body."""
+    with pytest.raises(ApiException) as err:
+        call()
+    body = str(err.value.body)
+    assert err.value.status == 403, body
+    assert by in body, body
+    assert says in body, body
+    return body

@@ -337,6 +337,20 @@ class Fleet:
             body = self.task(name)
         return body
 
+    def wait_condition(
+        self, name: str, type: str, *, status: str = "True", timeout: float = 30
+    ) -> dict[str, Any]:
+        """Until the task has a condition of this ``type`` with this ``status``."""
+        return self.wait_task(
+            name,
+            lambda b: any(
+                c["type"] == type and c["status"] == status
+                for c in (b.get("status") or {}).get("conditions") or []
+            ),
+            timeout=timeout,
+            what=type,
+        )
+
     def wait_phase(self, name: str, *phases: str, timeout: float = 30) -> dict[str, Any]:
         return self.wait_task(
             name,

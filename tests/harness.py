@@ -12,6 +12,7 @@ Watch events reach the controller synchronously unless ``h.kube.hold_events()``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from typing import Any
@@ -209,6 +210,27 @@ class Harness:
 
     async def settle(self) -> None:
         await self.controller.settle()
+
+    async def running(
+        self, builder: TaskBuilder, *, worker: str = "w1", lease_seconds: int = 1000
+    ) -> str:
+        """A worker (capability ``llm``, its Lease of ``lease_seconds``) and the task,
+        granted to it and renewed by its holder: returns the task's name."""
+        self.worker(worker, "llm", lease_seconds=lease_seconds)
+        name: str = self.task(builder)["metadata"]["name"]
+        await self.settle()
+        self.renew(name)
+        await self.settle()
+        return name
+
+    async def steps(self, n: int, *, yields: int = 1) -> None:
+        """``n`` steps without waiting for the writes in flight (``settle`` would wait
+        for held ones); after each, the event loop runs ``yields`` times, giving the
+        writes spawned their turns."""
+        for _ in range(n):
+            self.controller.step()
+            for _ in range(yields):
+                await asyncio.sleep(0)
 
     async def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)

@@ -36,15 +36,19 @@ def install_base(kubectl: str, *, image: str | None = None) -> list[dict[str, An
     objects = kustomize(kubectl, MANIFESTS)
     if image:
         for obj in objects:
-            for container in _containers(obj):
+            for container in containers(obj):
                 container["image"] = image
     return objects
 
 
-def _containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    if obj.get("kind") not in ("Deployment", "Pod"):
+WORKLOADS = ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod")
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """A workload's containers, init containers first (none for other kinds)."""
+    if obj.get("kind") not in WORKLOADS:
         return []
-    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    spec = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]
     return [*spec.get("initContainers", []), *spec.get("containers", [])]
 
 
@@ -72,7 +76,7 @@ def agent_objects(
         if obj["kind"] == "RoleBinding":
             for subject in obj["subjects"]:
                 subject["namespace"] = namespace
-        for container in _containers(obj):
+        for container in containers(obj):
             if image:
                 container["image"] = image
             if container["name"] == "sidecar" and env:

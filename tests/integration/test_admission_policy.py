@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from accounts import api_for_token, bound_pod, create_account, token
+from accounts import api_for_token, bound_pod, create_account, refused, token
 from agentq import GROUP, VERSION
+from builders import worker
 from fleet import ControlPlane
 from manifests import agent_objects, to_yaml
 
@@ -92,16 +92,6 @@ def setup(
     yield Agent(control_plane, namespace, "alpha"), admin_leases
 
 
-def refused(call: Callable[[], Any], *, by: str = POLICY, says: str = "") -> str:
-    with pytest.raises(ApiException) as err:
-        call()
-    body = str(err.value.body)
-    assert err.value.status == 403, body
-    assert by in body, body
-    assert says in body, body
-    return body
-
-
 def renewed(current: client.V1Lease, **annotations: str) -> client.V1Lease:
     current.spec.renew_time = datetime.datetime.now(datetime.UTC)
     current.metadata.annotations = {**(current.metadata.annotations or {}), **annotations}
@@ -133,19 +123,10 @@ def test_an_agent_keeps_its_own_worker_lease_and_renews_its_task_leases(
     )
     assert written.metadata.annotations["agentq.dev/report"] == report
 
-    worker = agent.custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "agentworkers",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentWorker",
-            "metadata": {"name": "alpha"},
-            "spec": {"capabilities": ["llm"]},
-        },
+    registered = agent.custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "agentworkers", worker("alpha", "llm").obj()
     )
-    assert worker["metadata"]["name"] == "alpha"
+    assert registered["metadata"]["name"] == "alpha"
 
 
 def foreign_writes(agent: Agent, namespace: str) -> dict[str, Callable[[], Any]]:
@@ -293,17 +274,7 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         VERSION,
         namespace,
         "agentworkers",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "AgentWorker",
-            "metadata": {"name": "alpha", "labels": {"team": "a"}},
-            "spec": {
-                "capabilities": ["llm", "gpu"],
-                "weight": 2,
-                "maxInFlight": 4,
-                "paused": True,
-            },
-        },
+        worker("alpha", "llm", "gpu").label("team", "a").weight(2).max_in_flight(4).paused().obj(),
     )
 
     def patch(body: dict[str, Any]) -> Any:
@@ -312,7 +283,7 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         )
 
     says = "may not change spec.paused"
-    refused(lambda: patch({"spec": {"paused": False}}), says=says)
+    refused(lambda: patch({"spec": {"paused": False}}), by=POLICY, says=says)
     raising = "may only lower weight and maxInFlight and narrow capabilities"
     for spec in (
         {"weight": 3},
@@ -322,9 +293,11 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         {"capabilities": ["code"]},
         {"weight": 1, "maxInFlight": 100},
     ):
-        refused(lambda spec=spec: patch({"spec": spec}), says=raising)
-    refused(lambda: patch({"metadata": {"labels": {"team": "b"}}}), says="labels")
-    refused(lambda: patch({"metadata": {"finalizers": ["x.dev/keep"]}}), says="finalizers")
+        refused(lambda spec=spec: patch({"spec": spec}), by=POLICY, says=raising)
+    refused(lambda: patch({"metadata": {"labels": {"team": "b"}}}), by=POLICY, says="labels")
+    refused(
+        lambda: patch({"metadata": {"finalizers": ["x.dev/keep"]}}), by=POLICY, says="finalizers"
+    )
 
     lowered = patch({"spec": {"weight": 0.5, "maxInFlight": 2, "capabilities": ["llm"]}})
     assert lowered["spec"] == {
@@ -334,7 +307,7 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         "paused": True,
     }
     # Once lowered, raising back to what the person had set is a person's again.
-    refused(lambda: patch({"spec": {"weight": 2}}), says=raising)
+    refused(lambda: patch({"spec": {"weight": 2}}), by=POLICY, says=raising)
     body = admin.get_namespaced_custom_object(GROUP, VERSION, namespace, "agentworkers", "alpha")
     assert body["spec"]["paused"] is True and body["metadata"]["labels"] == {"team": "a"}
     # The person may do all of it.

@@ -18,7 +18,6 @@ Without the policy or the epoch this test fails: ``w`` holds both tasks.
 
 from __future__ import annotations
 
-import copy
 import signal
 import time
 from collections.abc import Iterator
@@ -29,12 +28,18 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from test_operator_leader_stall import active_on, relayed_kubeconfig, wait_for
 
 from agentq import GROUP, VERSION, protocol
 from builders import task, worker
 from fleet import ControlPlane, Fleet, Process
 from manifests import MANIFESTS, install_base
+from relay import (
+    only_old_on_w,
+    relayed_kubeconfig,
+    standby_and_an_older_task,
+    takeover_grants_old_to_w,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +52,7 @@ def policy_for(namespace: str) -> list[dict[str, Any]]:
     paramRef the election Lease the test's operators use (in the same namespace)."""
     policy, binding = yaml.safe_load_all((MANIFESTS / "leader-epoch-policy.yaml").read_text())
     name = f"{protocol.LEADER_EPOCH_POLICY}-{namespace}"
-    policy = copy.deepcopy(policy)
     policy["metadata"]["name"] = name
-    binding = copy.deepcopy(binding)
     binding["metadata"]["name"] = name
     binding["spec"]["policyName"] = name
     binding["spec"]["paramRef"]["namespace"] = namespace
@@ -118,18 +121,7 @@ def test_a_frozen_leaders_grant_held_past_a_takeover_is_refused_for_its_epoch(
         replica_a = a
         wait_for("A leads", lambda: str(replica_a.pid) in fleet.leader(), fleet)
         epoch_a = transitions(fleet)
-        b = fleet.operator(*FLAGS)
-        # An older task no worker can take yet.
-        fleet.add_task(task("old").requires("llm", "x").lease(120))
-        fleet.wait_task(
-            "old",
-            lambda t: any(
-                c["type"] == "Unschedulable" and c["status"] == "True"
-                for c in (t.get("status") or {}).get("conditions") or []
-            ),
-            what="Unschedulable",
-        )
-        time.sleep(1.0)  # A idle
+        b = standby_and_an_older_task(fleet, *FLAGS)
 
         relay.hold()
         fleet.add_task(task("new").requires("llm").lease(120))
@@ -138,23 +130,7 @@ def test_a_frozen_leaders_grant_held_past_a_takeover_is_refused_for_its_epoch(
         a.signal(signal.SIGSTOP)  # frozen mid-grant; its connection stays open
         assert (fleet.task("new").get("status") or {}).get("phase") in (None, "Pending")
 
-        # While A is frozen, w gets the capability the older task waits for; B takes
-        # over and grants the older task to w, which is then full.
-        fleet.custom.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            fleet.namespace,
-            "agentworkers",
-            "w",
-            {"spec": {"capabilities": ["llm", "x"]}},
-        )
-        wait_for("B takes over", lambda: str(b.pid) in fleet.leader(), fleet)
-        fleet.wait_task(
-            "old",
-            lambda t: (t.get("status") or {}).get("worker") == "w",
-            what="granted to w by B",
-        )
-        assert active_on(fleet, "w") == ["old"]
+        takeover_grants_old_to_w(fleet, b)  # while A is frozen
         epoch_b = transitions(fleet)
         assert epoch_b > epoch_a
         assert fleet.task("old")["status"]["leaderEpoch"] == epoch_b
@@ -165,18 +141,11 @@ def test_a_frozen_leaders_grant_held_past_a_takeover_is_refused_for_its_epoch(
         )
 
         relay.flow()  # A's grant reaches the API server, A still frozen
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            on_w = active_on(fleet, "w")
-            assert on_w == ["old"], f"a deposed leader's grant put w over maxInFlight 1: {on_w}"
-            time.sleep(0.2)
+        only_old_on_w(fleet, 5, "a deposed leader's grant put w over maxInFlight 1")
 
         a.signal(signal.SIGCONT)
-        deadline = time.monotonic() + 8  # A resumes: whatever it would send, it sends now
-        while time.monotonic() < deadline:
-            on_w = active_on(fleet, "w")
-            assert on_w == ["old"], f"two deciders put w over maxInFlight 1: {on_w}"
-            time.sleep(0.2)
+        # A resumes: whatever it would send, it sends now.
+        only_old_on_w(fleet, 8, "two deciders put w over maxInFlight 1")
         assert str(b.pid) in fleet.leader()
         assert (fleet.task("new").get("status") or {}).get("phase") in (None, "Pending")
         assert fleet.worker("w")["spec"]["maxInFlight"] == 1

@@ -4,10 +4,10 @@ with exactly the ServiceAccount and RBAC they install (a missing rule fails here
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from agentq import GROUP, VERSION
 from agentq.fencing import open_store
 from builders import task, worker
 from fleet import ControlPlane, Fleet
-from manifests import MANIFESTS, agent_objects, install_base, kustomize, to_yaml
+from manifests import MANIFESTS, agent_objects, containers, install_base, kustomize, to_yaml
 
 
 def _by_kind(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -306,13 +306,7 @@ IMAGE = "registry.example/team/agentq:0.1.0"
 
 
 def _images(objects: list[dict[str, Any]]) -> set[str]:
-    found = set()
-    for obj in objects:
-        if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job", "Pod"):
-            spec = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]
-            for c in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-                found.add(c["image"])
-    return found
+    return {c["image"] for obj in objects for c in containers(obj)}
 
 
 def test_one_image_override_reaches_every_component_examples_included(
@@ -337,15 +331,9 @@ def test_one_image_override_reaches_every_component_examples_included(
     body["images"] = [{"name": "agentq", "newName": name, "newTag": tag}]
     component.write_text(yaml.safe_dump(body))
     for sub in ("", "agent", "examples"):
-        rendered = subprocess.run(
-            [kubectl, "kustomize", str(tree / "manifests" / sub)],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
-        assert "agentq:dev" not in rendered, sub
-        assert _images([d for d in yaml.safe_load_all(rendered) if d]) == {IMAGE}, sub
+        objects = kustomize(kubectl, tree / "manifests" / sub)
+        assert "agentq:dev" not in json.dumps(objects), sub
+        assert _images(objects) == {IMAGE}, sub
 
     # 2. An overlay of the shipped tree: one `images:` entry, every component follows.
     overlay = tmp_path / "overlay"
@@ -363,11 +351,8 @@ def test_one_image_override_reaches_every_component_examples_included(
             }
         )
     )
-    rendered = subprocess.run(
-        [kubectl, "kustomize", str(overlay)], capture_output=True, text=True, check=True
-    ).stdout
-    assert "agentq:dev" not in rendered
-    objects = [d for d in yaml.safe_load_all(rendered) if d]
+    objects = kustomize(kubectl, overlay)
+    assert "agentq:dev" not in json.dumps(objects)
     assert _images(objects) == {IMAGE}
     assert {"agentq-operator", "agent-example"} <= {
         o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"

@@ -157,15 +157,7 @@ def test_a_task_no_worker_can_take_says_so_until_one_can(fleet: Fleet) -> None:
     fleet.agent("a", "complete", work_seconds=0.2)
     fleet.operator("--metrics-port", str(port))
     fleet.add_task(task("quantum-job").requires("llm", "quantum"))
-    fleet.wait_task(
-        "quantum-job",
-        lambda b: any(
-            c["type"] == "Unschedulable" and c["status"] == "True"
-            for c in (b.get("status") or {}).get("conditions") or []
-        ),
-        timeout=20,
-        what="Unschedulable",
-    )
+    fleet.wait_condition("quantum-job", "Unschedulable", timeout=20)
     unschedulable = condition(fleet, "quantum-job", "Unschedulable")
     assert unschedulable is not None and "quantum" in unschedulable["message"]
     assert status(fleet, "quantum-job")["phase"] == "Pending"

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from accounts import api_for_token, token
+from accounts import api_for_token, refused, token
 from fleet import ControlPlane
 
 POLICY = "ValidatingAdmissionPolicy 'agentq-operator-leases'"
@@ -53,15 +52,6 @@ def leases(
         admin.close()
 
 
-def refused(call: Callable[[], Any]) -> str:
-    with pytest.raises(ApiException) as err:
-        call()
-    body = str(err.value.body)
-    assert err.value.status == 403, body
-    assert POLICY in body, body
-    return body
-
-
 def test_the_operator_cannot_touch_a_node_heartbeat_or_a_foreign_lease(
     leases: tuple[client.CoordinationV1Api, client.CoordinationV1Api], namespace: str
 ) -> None:
@@ -74,21 +64,24 @@ def test_the_operator_cannot_touch_a_node_heartbeat_or_a_foreign_lease(
         for ns, name in (("kube-node-lease", node), (namespace, "other-controller-leader")):
             current = operator.read_namespaced_lease(name, ns)  # reading stays allowed
             current.spec.holder_identity = "agentq"
-            body = refused(partial(operator.replace_namespaced_lease, name, ns, current))
+            body = refused(partial(operator.replace_namespaced_lease, name, ns, current), by=POLICY)
             assert f"not Lease {ns}/{name}" in body, body
             # Relabelling it as agentq's does not make it agentq's.
             current.metadata.labels = {"agentq.dev/lease": "task"}
-            refused(partial(operator.replace_namespaced_lease, name, ns, current))
+            refused(partial(operator.replace_namespaced_lease, name, ns, current), by=POLICY)
             relabel = {"metadata": {"labels": {"agentq.dev/lease": "task"}}}
-            refused(partial(operator.patch_namespaced_lease, name, ns, relabel))
-            refused(partial(operator.delete_namespaced_lease, name, ns))
+            refused(partial(operator.patch_namespaced_lease, name, ns, relabel), by=POLICY)
+            refused(partial(operator.delete_namespaced_lease, name, ns), by=POLICY)
         # Nor may it create an unlabelled one, nor its election Lease's name elsewhere.
-        refused(lambda: operator.create_namespaced_lease(namespace, lease("anything")))
-        refused(lambda: operator.create_namespaced_lease(namespace, lease("agentq-operator")))
+        refused(lambda: operator.create_namespaced_lease(namespace, lease("anything")), by=POLICY)
+        refused(
+            lambda: operator.create_namespaced_lease(namespace, lease("agentq-operator")), by=POLICY
+        )
         refused(
             lambda: operator.create_namespaced_lease(
                 "kube-node-lease", lease("agentq-fencing-tokens")
-            )
+            ),
+            by=POLICY,
         )
         # Nothing changed.
         heartbeat = admin.read_namespaced_lease(node, "kube-node-lease")
@@ -118,7 +111,9 @@ def test_the_operator_writes_its_claims_and_its_own_election_lease(
     assert not stripped.metadata.labels
     # ... but not leave it unlabelled.
     stripped.spec.holder_identity = "w2"
-    refused(lambda: operator.replace_namespaced_lease("agentq-task-t1", namespace, stripped))
+    refused(
+        lambda: operator.replace_namespaced_lease("agentq-task-t1", namespace, stripped), by=POLICY
+    )
     stripped.metadata.labels = {"agentq.dev/lease": "task"}
     operator.replace_namespaced_lease("agentq-task-t1", namespace, stripped)
     operator.delete_namespaced_lease("agentq-task-t1", namespace)

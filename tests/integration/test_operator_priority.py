@@ -16,7 +16,7 @@ def test_a_later_higher_priority_task_is_granted_first_when_a_slot_frees(fleet: 
     lows = [f"low-{i}" for i in range(5)]
     for name in lows:
         fleet.add_task(task(name).requires("llm"))
-    fleet.add_task(task("urgent").requires("llm").set("spec.priority", 10))
+    fleet.add_task(task("urgent").requires("llm").priority(10))
     # The API server defaulted and kept the field.
     assert fleet.task("urgent")["spec"]["priority"] == 10
     assert fleet.task("low-0")["spec"]["priority"] == 0

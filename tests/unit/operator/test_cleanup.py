@@ -43,11 +43,7 @@ def tasks_left(h: Harness) -> int:
 @run
 async def test_a_finished_task_and_its_lease_go_after_its_ttl() -> None:
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=100_000)
-    h.task(task("t").requires("llm").lease(30).ttl(60))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").lease(30).ttl(60), lease_seconds=100_000)
     h.report("t", outcome="Succeeded", result={"ok": True})
     await h.settle()
     assert h.phase("t") == "Succeeded"
@@ -195,11 +191,7 @@ async def test_a_status_forged_finished_loses_its_lease_then_leaves_the_store() 
     """A finished task is kept only while its claim's Lease is to be deleted (the holder's
     next write then finds nothing): a status forged to Succeeded under a running claim."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=100_000)
-    h.task(task("t").requires("llm"))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm"), lease_seconds=100_000)
     h.kube.edit("agenttasks", NS, "t", lambda b: b["status"].update(phase="Succeeded"))
     await h.settle()
     assert h.lease("t") is None, "the claim's Lease goes"

@@ -89,9 +89,7 @@ async def test_a_grant_of_unknown_outcome_that_landed_holds_its_slot() -> None:
     h.kube.inject("patch_status", KubeError("timeout"), applied=True, when=first_grant)
     h.task(task("a").requires("llm"))
     h.task(task("b").requires("llm"))
-    for _ in range(30):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(30)
     await h.advance(5)
     assigned = [n for n in ("a", "b") if h.phase(n) == "Assigned"]
     assert len(assigned) == 1, "one grant landed; no second one beside it"
@@ -253,11 +251,7 @@ async def test_a_claim_refused_for_good_is_judged_again_when_its_pause_ends() ->
     """The same pause for a claim set no timer for its end: the claim (here, its holder
     died meanwhile) was judged again only at the next resync, up to 5 minutes late."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=100_000)
-    h.task(task("t").requires("llm").lease(30))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").lease(30), lease_seconds=100_000)
     h.kube.inject("patch_status", Status.INVALID, times=2, when=lambda a: a[0] == "agenttasks")
     h.renew("t", progress="step 1")  # its copy into status is refused for good
     await h.settle()
@@ -273,17 +267,11 @@ async def test_a_worker_deleted_while_its_claims_expiry_is_written_leaves_nothin
     while that write was in flight was remembered as suspect for good (a leak per
     deleted worker)."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm").lease(3))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").lease(3))
     gate = asyncio.Event()
     h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agenttasks")
     h.clock.advance(3.5)  # the holder is dead: the expiry is decided, its write held
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     h.kube.remove("agentworkers", NS, "w1")
     gate.set()
     await h.settle()
@@ -299,22 +287,14 @@ async def test_a_finished_tasks_lease_changed_while_its_delete_was_in_flight_is_
     was skipped as one was in flight, and the first one's 409 did nothing: the finished
     task kept its record and its Lease, and was never cleaned up after its TTL."""
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm"))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm"))
     gate = asyncio.Event()
     h.kube.inject("delete_lease", Held(gate))
     h.report("t", outcome="Succeeded", result={"ok": True})
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     assert h.phase("t") == "Succeeded"
     h.renew("t")  # the holder's renewal, after its report, before the delete
-    for _ in range(20):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(20)
     gate.set()
     await h.settle()
     await h.advance(2)
@@ -331,11 +311,7 @@ async def test_a_finished_task_whose_lease_we_deleted_is_let_go_and_deleted_afte
     from agentq.operator.leases import gone
 
     h = Harness()
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task("t").requires("llm").ttl(2))
-    await h.settle()
-    h.renew("t")
-    await h.settle()
+    await h.running(task("t").requires("llm").ttl(2))
     store = h.controller.store
     lease = store.lease_of(store.tasks[(NS, "t")].view)
     assert lease is not None

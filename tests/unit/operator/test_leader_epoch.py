@@ -19,18 +19,15 @@ import time
 from typing import Any
 
 import pytest
+from elections import LEASE_SECONDS, RENEW_DEADLINE, elector, round_of
 
 from agentq.clock import FakeClock
 from agentq.operator.config import OperatorConfig
 from agentq.operator.gate import RequestGate
-from agentq.operator.leader import LeaderElector
 from agentq.operator.port import KubeError, NotLeading, Reply, Status
 from agentq.operator.slots import Slots
 from builders import task
 from harness import NS, Harness, run
-
-LEASE_SECONDS = 4.0
-RENEW_DEADLINE = 2.5
 
 
 def gate(*, timeout: float, remaining: float) -> RequestGate:
@@ -102,34 +99,6 @@ def test_check_refuses_a_request_timeout_that_outlasts_the_leader_lease() -> Non
     OperatorConfig(leader_election=False, leader_lease_seconds=15, request_timeout=30).check()
     with pytest.raises(ValueError, match="renew deadline"):
         OperatorConfig(leader_lease_seconds=15, leader_renew_seconds=15).check()
-
-
-def elector(h: Harness, identity: str) -> LeaderElector:
-    return LeaderElector(
-        kube=h.kube,
-        clock=h.clock,
-        namespace=NS,
-        name="agentq-operator",
-        identity=identity,
-        lease_seconds=LEASE_SECONDS,
-        renew_deadline=RENEW_DEADLINE,
-        retry_seconds=1.0,
-        on_change=lambda leading: None,
-    )
-
-
-async def round_of(e: LeaderElector) -> bool:
-    """One election round as ``LeaderElector.run`` does it."""
-    started = e.clock.monotonic()
-    ok = await e.try_acquire_or_renew()
-    if ok:
-        e._last_renewed = started
-        e._set(True)
-    elif e.leading and (
-        e.other_holder is not None or e.clock.monotonic() - e._last_renewed >= e.renew_deadline
-    ):
-        e._set(False)
-    return ok
 
 
 def transitions(h: Harness) -> int:

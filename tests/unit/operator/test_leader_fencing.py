@@ -20,42 +20,13 @@ import random
 from typing import Any
 
 import pytest
+from elections import LEASE_SECONDS, RENEW_DEADLINE, elector, round_of
 
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
-from agentq.operator.leader import LeaderElector
 from agentq.operator.port import Status
 from builders import task
 from harness import NS, Harness, run
-
-LEASE_SECONDS = 4.0
-RENEW_DEADLINE = 2.5
-
-
-def elector(h: Harness, identity: str, controller: Controller) -> LeaderElector:
-    e = LeaderElector(
-        kube=h.kube,
-        clock=h.clock,
-        namespace=NS,
-        name="agentq-operator",
-        identity=identity,
-        lease_seconds=LEASE_SECONDS,
-        renew_deadline=RENEW_DEADLINE,
-        retry_seconds=1.0,
-        on_change=controller.set_leading,
-    )
-    controller.lease_valid = e.valid
-    return e
-
-
-async def round_of(e: LeaderElector) -> bool:
-    """One election round as ``LeaderElector.run`` does it."""
-    started = e.clock.monotonic()
-    ok = await e.try_acquire_or_renew()
-    if ok:
-        e._last_renewed = started
-        e._set(True)
-    return ok
 
 
 def hold_slots(controller: Controller, gate: asyncio.Event) -> list[asyncio.Task[Any]]:

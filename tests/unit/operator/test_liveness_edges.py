@@ -5,9 +5,7 @@ an earlier review's findings whose fixes were lost)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from typing import Any
 
 from agentq import protocol
 from agentq.operator.fake import Held
@@ -16,23 +14,15 @@ from builders import task
 from harness import NS, Harness, run
 
 
-async def running(h: Harness, name: str, *, lease: int = 30, **kw: Any) -> int:
-    h.worker("w", "llm", lease_seconds=100_000)
-    h.task(task(name).requires("llm").lease(lease).max_reclaims(kw.get("max_reclaims", 3)))
-    await h.settle()
-    h.renew(name)
-    await h.settle()
+async def running(h: Harness, name: str, *, lease: int = 30, max_reclaims: int = 3) -> int:
+    await h.running(
+        task(name).requires("llm").lease(lease).max_reclaims(max_reclaims),
+        worker="w",
+        lease_seconds=100_000,
+    )
     assert h.phase(name) == "Running", h.status(name)
     token: int = h.status(name)["fencingToken"]
     return token
-
-
-async def steps(h: Harness, n: int = 10) -> None:
-    """Run steps without waiting for the writes in flight (some are held)."""
-    for _ in range(n):
-        h.controller.step()
-        for _ in range(5):
-            await asyncio.sleep(0)
 
 
 # --- A2: a task Lease stripped of its agentq.dev/lease label ------------------------------
@@ -87,7 +77,8 @@ async def test_over_long_report_fields_are_judged_while_the_holder_renews() -> N
     status = h.status("t")
     assert status["phase"] == "DeadLettered", status
     assert status["error"]["reason"] == "InvalidReport", status
-    assert "InvalidReport" in json.dumps(h.kube.reasons("t")) or h.kube.reasons("t")
+    reasons = h.kube.reasons("t")
+    assert reasons, reasons
 
 
 # --- B(a): a retry after an unknown outcome is a decision, not a look at the deadline -----
@@ -138,10 +129,10 @@ async def test_a_finished_tasks_lease_delete_that_loses_a_race_to_a_renewal_is_r
     gate = asyncio.Event()
     h.kube.inject("delete_lease", Held(gate))
     h.report("t", outcome="Succeeded", result={"ok": True})
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.phase("t") == "Succeeded"
     h.renew("t")  # the holder's last renewal, before it saw the end
-    await steps(h)
+    await h.steps(10, yields=5)
     gate.set()
     await h.settle()
     await h.run_for(3)
@@ -163,7 +154,7 @@ async def test_a_ttl_delete_that_loses_to_a_change_of_the_task_is_tried_again() 
     gate = asyncio.Event()
     h.kube.inject("delete_task", Held(gate))
     h.clock.advance(6)
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.controller.cleanup.deleting == 1
     h.kube.edit(
         "agenttasks",
@@ -171,7 +162,7 @@ async def test_a_ttl_delete_that_loses_to_a_change_of_the_task_is_tried_again() 
         "t",
         lambda b: b["metadata"].setdefault("labels", {}).__setitem__("team", "a"),
     )
-    await steps(h)
+    await h.steps(10, yields=5)
     gate.set()
     await h.settle()
     await h.run_for(10)
@@ -242,17 +233,17 @@ async def test_the_end_of_a_write_about_a_deleted_task_does_not_end_its_successo
     old = asyncio.Event()
     h.kube.inject("patch_status", Held(old), when=lambda a: a[0] == "agenttasks")
     h.report("t", outcome="Succeeded", result={"ok": True})
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.record("t").busy
     h.delete_task("t")
     new = asyncio.Event()
     h.kube.inject("patch_status", Held(new), when=lambda a: a[0] == "agenttasks")
     h.task(task("t").requires("llm").lease(30))
-    await steps(h)
+    await h.steps(10, yields=5)
     record = h.record("t")
     assert record.busy and record.granting == "w", "the new task's grant is in flight"
     old.set()
-    await steps(h)
+    await h.steps(10, yields=5)
     assert record.busy and record.granting == "w", "still in flight"
     assert h.controller.store.busy == 1
     new.set()

@@ -62,7 +62,7 @@ def finish(h: Harness, name: str) -> None:
 async def test_a_later_higher_priority_task_is_granted_at_the_next_free_slot() -> None:
     h = Harness()
     await one_slot_busy(h, 30)
-    h.task(task("urgent").requires("llm").lease(600).set("spec.priority", 10))
+    h.task(task("urgent").requires("llm").lease(600).priority(10))
     await h.settle()
     assert h.phase("urgent") == "Pending"
     finish(h, "first")
@@ -96,7 +96,7 @@ async def test_priority_orders_across_capability_sets_of_a_namespace() -> None:
     await h.settle()
     h.renew("first")
     h.task(task("plain").requires("llm").lease(600))
-    h.task(task("urgent-code").requires("code").lease(600).set("spec.priority", 5))
+    h.task(task("urgent-code").requires("code").lease(600).priority(5))
     await h.settle()
     finish(h, "first")
     await h.settle()

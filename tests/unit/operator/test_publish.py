@@ -22,12 +22,6 @@ def ready_reason(h: Harness, name: str) -> str | None:
     return next((c["reason"] for c in conditions if c["type"] == "Ready"), None)
 
 
-async def steps(h: Harness, count: int = 20) -> None:
-    for _ in range(count):
-        h.controller.step()
-        await asyncio.sleep(0)
-
-
 @run
 async def test_an_older_status_write_landing_last_is_written_over() -> None:
     """The flaky LeaseMissing of test_a_workers_ready_condition_says_what_is_missing: the
@@ -39,7 +33,7 @@ async def test_an_older_status_write_landing_last_is_written_over() -> None:
     h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agentworkers")
     h.worker("u", "llm", lease=False)
     h.worker_lease("u", labelled=False)  # invisible to the watch (no agentq label)
-    await steps(h)
+    await h.steps(20)
     assert h.readiness("u") is Readiness.LEASE_NOT_LABELLED
     gate.set()  # the slow first write lands now
     await h.settle()
@@ -114,10 +108,10 @@ async def test_one_status_write_per_worker_is_in_flight() -> None:
     gate = asyncio.Event()
     h.kube.inject("patch_status", Held(gate), when=lambda a: a[0] == "agentworkers")
     h.worker("w", "llm")
-    await steps(h)
+    await h.steps(20)
     assert sent == ["w"]
     h.kube.remove("leases", NS, protocol.worker_lease_name("w"))  # readiness changes
-    await steps(h)
+    await h.steps(20)
     assert h.readiness("w") is Readiness.LEASE_MISSING
     assert sent == ["w"], "no second write while the first is in flight"
     gate.set()
@@ -178,7 +172,7 @@ async def test_a_new_leader_reads_again_an_unlabelled_lease_whose_diagnosis_was_
     h.kube.inject("get_lease", Hang(), when=lambda a: a[1] == name)
     h.worker("u", "llm", lease=False)
     h.worker_lease("u", labelled=False)
-    await steps(h)
+    await h.steps(20)
     assert h.kube.calls["get_lease"] == 1, "the diagnosis hangs"
     h.controller.set_leading(False)  # cancels it
     await asyncio.sleep(0.01)

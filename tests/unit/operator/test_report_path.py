@@ -8,7 +8,6 @@ every normal completion, which people read as a zombie. A zombie's report still 
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from agentq import protocol
@@ -18,21 +17,8 @@ from harness import NS, Harness, run
 
 
 async def running(h: Harness, name: str = "t") -> None:
-    h.worker("w1", "llm", lease_seconds=1000)
-    h.task(task(name).requires("llm").lease(30).backoff(initial=0))
-    await h.settle()
-    h.renew(name)
-    await h.settle()
+    await h.running(task(name).requires("llm").lease(30).backoff(initial=0))
     assert h.phase(name) == "Running"
-
-
-async def steps(h: Harness, n: int = 10) -> None:
-    """Steps, the writes in flight given their turns (``settle`` would wait for the
-    held deletes)."""
-    for _ in range(n):
-        h.controller.step()
-        for _ in range(5):
-            await asyncio.sleep(0)
 
 
 def lease_deletes_held(h: Harness) -> None:
@@ -46,9 +32,7 @@ async def test_a_success_draws_no_stale_report_refusal() -> None:
     await running(h)
     lease_deletes_held(h)
     h.report("t", outcome="Succeeded", result={"answer": 42})
-    for _ in range(5):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert h.phase("t") == "Succeeded"
@@ -62,9 +46,7 @@ async def test_a_retryable_failure_draws_no_stale_report_refusal() -> None:
     await running(h)
     lease_deletes_held(h)
     h.report("t", outcome="Failed", error={"reason": "Flaky", "retryable": True})
-    for _ in range(5):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert h.status("t")["reclaims"] == 1
@@ -110,7 +92,7 @@ async def test_a_zombies_report_on_its_own_expired_attempts_lease_is_still_refus
     first = h.status("t")
     lease_deletes_held(h)
     h.clock.advance(31)  # the holder stopped: reclaimed
-    await steps(h)
+    await h.steps(10, yields=5)
     assert h.status("t")["reclaims"] == 1 and h.lease("t") is not None
     zombie = {
         "token": first["fencingToken"],
@@ -119,7 +101,7 @@ async def test_a_zombies_report_on_its_own_expired_attempts_lease_is_still_refus
         "error": {"reason": "Boom", "retryable": True},
     }
     h.annotate_lease("t", protocol.ANNOTATION_REPORT, json.dumps(zombie))
-    await steps(h)
+    await h.steps(10, yields=5)
     h.controller.gate.cancel_all()
     await h.controller.events.flush()
     assert "StaleReportRefused" in h.kube.reasons("t"), h.kube.reasons("t")

@@ -104,9 +104,7 @@ async def expiry_in_a_silence(h: Harness) -> asyncio.Event:
     gate = asyncio.Event()
     h.kube.inject("get_lease", Held(gate))
     h.clock.advance(3)
-    for _ in range(50):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(50)
     assert h.kube.calls["get_lease"] >= 1, "the expiry was judged and its read sent"
     h.clock.advance(3)
     return gate
@@ -151,9 +149,7 @@ async def test_a_worker_whose_lease_ended_in_a_silence_is_ready_again_once_it_an
     h.kube.inject("patch_status", Held(gate))
     h.silence.sent()
     h.clock.advance(4)
-    for _ in range(50):
-        h.controller.step()
-        await asyncio.sleep(0)
+    await h.steps(50)
     assert h.readiness("w1") is Readiness.LEASE_STALE
     gate.set()  # it answers again: the 4 s are given back
     await h.settle()

@@ -53,7 +53,8 @@ def test_the_runtime_root_runs_python_without_shell_or_pip(tmp_path: Path) -> No
 
     done = run(f"{venv}/bin/python3", "-c", PROBE)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["agentq", "::1"] or done.stdout.split()[0] == "agentq"
+    # localhost is ::1 or 127.0.0.1, whichever the resolver gives: the user decides.
+    assert done.stdout.split()[0] == "agentq", done.stdout
     assert (
         run(
             f"{venv}/bin/python3",
