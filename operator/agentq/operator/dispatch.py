@@ -127,10 +127,11 @@ class Dispatcher:
                 key = (namespace, name)
                 record = self.store.tasks.get(key)
                 if record is not None and record.busy:
-                    # A write about it is in flight (its reclaim, say): it stays at the head
-                    # and the set waits for the next step.
-                    blocked.add(required)
-                    continue
+                    # A write about it is in flight (its Unschedulable condition cleared,
+                    # say): it stays at the head and the namespace waits for the next step
+                    # (the write's end makes one). Skipping only its set let a younger task
+                    # of another set take the slot this one was about to get.
+                    break
                 if record is None or not record.view.pending:
                     # Not grantable after all (the invariants say this never happens):
                     # off the queue; the record's next change puts it back if it should.

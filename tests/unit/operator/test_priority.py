@@ -3,6 +3,8 @@ priority (docs/tenancy.md, "Priorities")."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from agentq.operator.queue import PendingQueue
 from builders import task
 from harness import NS, Harness, run
@@ -102,3 +104,30 @@ async def test_priority_orders_across_capability_sets_of_a_namespace() -> None:
     await h.settle()
     assert h.phase("urgent-code") == "Assigned"
     assert h.phase("plain") == "Pending"
+
+
+@run
+async def test_a_head_whose_condition_write_is_in_flight_is_not_jumped_by_a_younger_task() -> None:
+    # The older task waits Unschedulable; one change to the worker gives it the
+    # capability and a slot. Clearing the condition is a write in flight when dispatch
+    # runs: the younger task of another capability set must not take the slot meanwhile
+    # (a CI failure of test_leader_epoch_fence.py, on a takeover).
+    h = Harness()
+    h.worker("w1", "llm", max_in_flight=1, lease_seconds=1000)
+    h.kube.edit("agentworkers", NS, "w1", lambda b: b["spec"].__setitem__("paused", True))
+    await h.settle()
+    h.task(task("old").requires("llm", "x").lease(600))
+    await h.settle()
+    assert (h.condition("old", "Unschedulable") or {}).get("status") == "True"
+    h.task(task("new").requires("llm").lease(600))
+    await h.settle()
+    assert h.phase("new") == "Pending"
+
+    def offer_x_and_resume(body: dict[str, Any]) -> None:
+        body["spec"]["capabilities"] = ["llm", "x"]
+        body["spec"]["paused"] = False
+
+    h.kube.edit("agentworkers", NS, "w1", offer_x_and_resume)
+    await h.settle()
+    assert h.phase("old") == "Assigned", h.status("old")
+    assert h.phase("new") == "Pending"
