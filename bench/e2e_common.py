@@ -603,10 +603,14 @@ class Rig:
     # Another source tree (e.g. ``git archive REV``): its operator, sidecar, agent-sim and
     # agent SDK (its source roots on PYTHONPATH) and its CRDs run instead of this tree's.
     src: Path | None = None
+    # Flags for kube-apiserver beyond the defaults (the soak's ``--event-ttl``).
+    apiserver_flags: tuple[str, ...] = ()
 
     def up(self) -> None:
         self.cluster = Cluster(self.workdir / "cluster")
-        self.state = self.cluster.up(build=True, tie_to_parent=True)
+        self.state = self.cluster.up(
+            build=True, tie_to_parent=True, apiserver_flags=self.apiserver_flags
+        )
         self.api = Api(connect(self.state.kubeconfig))
         self.kubectl("apply", "-f", str((self.src or ROOT) / "crds"))
         self.kubectl(

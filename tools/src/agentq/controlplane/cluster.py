@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ class Cluster:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         # How each component was started (for ``restart``) and whether it dies with us.
         self._started: dict[str, tuple[list[str], bool, pki.Pki]] = {}
+        self._apiserver_flags: tuple[str, ...] = ()  # ``up``'s, for kube-apiserver
 
     # -- reading state ---------------------------------------------------------------
 
@@ -110,6 +111,7 @@ class Cluster:
         timeout: float = 180.0,
         tie_to_parent: bool = False,
         with_node: bool = False,
+        apiserver_flags: Sequence[str] = (),
         say: Callable[[str], None] = lambda _: None,
     ) -> ClusterState:
         """Start etcd, kube-apiserver and kube-controller-manager; return when ready.
@@ -118,6 +120,8 @@ class Cluster:
         controller manager has created its ``default`` service account. With
         ``tie_to_parent`` the processes die with the calling process. With
         ``with_node`` a local node (``node.LocalNode``) joins and is Ready too.
+        ``apiserver_flags`` go to kube-apiserver after the defaults (a later flag wins:
+        ``--event-ttl=5m``, say).
         """
         if with_node:
             try:
@@ -139,6 +143,7 @@ class Cluster:
             self._remove_state()
         if port is not None:
             ensure_port_free(port)
+        self._apiserver_flags = tuple(apiserver_flags)
         paths = binaries.resolve(build=build, say=say)
         if not with_node:
             return self._up_retrying(paths, port, timeout, tie_to_parent, False, say)
@@ -208,7 +213,10 @@ class Cluster:
         pki.write_kubeconfig(Path(state.kubeconfig), server=server, pki=certs)
         args = {
             "etcd": self._etcd_args(etcd_client, etcd_peer),
-            "kube-apiserver": self._apiserver_args(api_port, state.etcd_url, certs)
+            "kube-apiserver": [
+                *self._apiserver_args(api_port, state.etcd_url, certs),
+                *self._apiserver_flags,
+            ]
             + (self._kubelet_client_args(certs, node_certs) if node_certs else []),
             "kube-controller-manager": self._kcm_args(state.kubeconfig, certs),
         }
