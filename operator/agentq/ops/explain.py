@@ -290,7 +290,8 @@ def placement(
             f"start the agents of these workers, or `agentq uncordon WORKER -n {namespace}`",
         )
     ahead = (
-        f"; {pending_ahead} older Pending task(s) can go to the same workers"
+        f"; {pending_ahead} Pending task(s) ahead of it (by priority, then age) can go to the "
+        "same workers"
         if pending_ahead
         else ""
     )
@@ -686,10 +687,14 @@ def explain(
 
 
 def pending_ahead(task: Body, tasks: Iterable[Body], workers: list[WorkerView]) -> int:
-    """Pending tasks created before ``task`` that one of its capable workers could take."""
+    """Pending tasks ahead of ``task`` (higher ``spec.priority``, or as high and older)
+    that one of its capable workers could take."""
     parsed = parse_task(task)
     capable = [w for w in workers if parsed.spec.required_capabilities <= w.capabilities]
     created = parsed.metadata.creation_timestamp
+    if created is None:
+        return 0
+    place = (-parsed.spec.priority, created, parsed.name)
     count = 0
     for other in tasks:
         try:
@@ -699,11 +704,15 @@ def pending_ahead(task: Body, tasks: Iterable[Body], workers: list[WorkerView]) 
         if candidate.name == parsed.name or candidate.status.phase not in (None, TaskPhase.PENDING):
             continue
         other_created = candidate.metadata.creation_timestamp
-        # The operator plans oldest first, ties by name.
+        # The operator plans by priority, then oldest first, ties by name.
         if (
-            created is None
-            or other_created is None
-            or (other_created, candidate.name) >= (created, parsed.name)
+            other_created is None
+            or (
+                -candidate.spec.priority,
+                other_created,
+                candidate.name,
+            )
+            >= place
         ):
             continue
         needs = candidate.spec.required_capabilities

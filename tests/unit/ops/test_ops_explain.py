@@ -90,7 +90,7 @@ def test_full_workers_give_no_free_capacity_with_the_queue_ahead() -> None:
     exp = why(body, workers, pending_ahead=4)
     message = finding(exp, "NoFreeCapacity")
     assert "(a 2/2, b 1/1)" in message
-    assert "4 older Pending task(s)" in message
+    assert "4 Pending task(s) ahead of it (by priority, then age)" in message
 
 
 def test_a_free_slot_means_the_next_pass_dispatches_it() -> None:
@@ -127,6 +127,21 @@ def test_pending_ahead_counts_older_pending_tasks_the_same_workers_could_take() 
     ]
     workers = parse_workers([worker("w", "llm")])
     assert pending_ahead(me, [me, *others], workers) == 3
+
+
+def test_pending_ahead_goes_by_priority_then_age() -> None:
+    # The operator grants by spec.priority first (docs/tenancy.md, "Priorities"): an older
+    # task of a lower priority is behind, a younger one of a higher priority ahead.
+    me = task("me", created=-10, status={"phase": "Pending"}, priority=5)
+    others = [
+        task("older-lower", created=-20, status={"phase": "Pending"}),
+        task("oldest-negative", created=-30, status={"phase": "Pending"}, priority=-1),
+        task("younger-higher", created=-5, status={"phase": "Pending"}, priority=6),
+        task("older-same", created=-20, status={"phase": "Pending"}, priority=5),
+        task("younger-same", created=-5, status={"phase": "Pending"}, priority=5),
+    ]
+    workers = parse_workers([worker("w", "llm")])
+    assert pending_ahead(me, [me, *others], workers) == 2
 
 
 def test_a_task_with_a_payload_too_deep_to_parse_is_skipped_not_a_crash() -> None:
