@@ -235,3 +235,52 @@ async def test_a_lease_seen_after_its_finished_task_is_deleted() -> None:
     )
     await h.settle()
     assert h.lease("t") is None
+
+
+@run
+async def test_a_steady_rate_of_tasks_run_finished_and_deleted_holds_the_memory_flat() -> None:
+    """``make soak`` in small: 2.5 tasks a second, each granted, renewed, Succeeded and
+    deleted by its TTL (30 s). Once the first TTL period (and a tombstone's life) is
+    over, what the operator holds stays as it is: no per-task leftover."""
+    h = Harness()
+    h.worker("w1", "llm", max_in_flight=100, lease_seconds=100_000)
+    await h.settle()
+    made = 0
+
+    async def ten_seconds() -> None:
+        nonlocal made
+        names = [f"s{made + i:07d}" for i in range(25)]
+        made += len(names)
+        for name in names:
+            h.task(task(name).requires("llm").lease(30).ttl(30))
+        await h.settle()
+        for name in names:
+            h.renew(name)
+        await h.settle()
+        for name in names:
+            h.report(name, outcome="Succeeded", result={"ok": True})
+        await h.settle()
+        for key in [k for k in h.kube.objects if k[0] == "events"]:
+            del h.kube.objects[key]  # the API server's --event-ttl
+        h.renew_worker("w1")
+        await h.advance(10)
+
+    c = h.controller
+    gc.collect()
+    tracemalloc.start()  # from the start: what the window frees counts too
+    try:
+        for _ in range(14):  # the first TTL period, and a tombstone's longest life
+            await ten_seconds()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(24):  # 600 tasks more; whole periods of the tombstones' aging
+            await ten_seconds()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert tasks_left(h) <= 4 * 25, "deleted by their TTL"
+    assert len(c.store.tasks) == 0 and len(c.cleanup) <= 4 * 25
+    # Two periods of deletions at most.
+    assert len(c.store.task_tombstones) <= 2 * TOMBSTONE_SECONDS * 2.5 + 25
+    assert grown < 600 * 40, f"{grown / 600:.0f} bytes per task kept"
