@@ -43,6 +43,7 @@ from agentq.operator.health import AlwaysHealthy, WatchHealth
 from agentq.operator.leader import LeaderElector
 from agentq.operator.parts import Parts, wire
 from agentq.operator.port import Body, Kube
+from agentq.operator.records import TOMBSTONE_SECONDS
 from agentq.operator.tokens import TokenAllocator
 from agentq.operator.work import TIMER_TASK, Stats
 
@@ -93,6 +94,8 @@ class Controller:
         self._changed = asyncio.Event()
         self._last_resync = clock.monotonic()
         self._last_check = clock.monotonic()
+        # A late reply comes within a request timeout: its tombstone is kept longer.
+        self._tombstone_seconds = max(TOMBSTONE_SECONDS, 2 * config.request_seconds)
 
         # -- the state, what is derived from it, and the parts (parts.py)
         self.parts: Parts = wire(
@@ -164,6 +167,8 @@ class Controller:
         if self._rebuild:
             self._take_lead(now)
         self.follower.apply()
+        if self.caught_up:  # a catch-up LIST may still deliver bodies older than a deletion
+            self.store.expire_tombstones(now, self._tombstone_seconds)
         self.follower.fire_timers(now)
         if now - self._last_resync >= self.config.resync_interval:
             self._resync(now)  # compared once the changes are applied, then rebuilt

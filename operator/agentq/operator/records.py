@@ -12,7 +12,6 @@ Pure data: no I/O.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from agentq.claims import Readiness
@@ -20,6 +19,7 @@ from agentq.expiry import Observation
 from agentq.views import Key, LeaseView, TaskView, WorkerView
 
 __all__ = [
+    "TOMBSTONE_SECONDS",
     "Grace",
     "LeaseRecord",
     "PublishState",
@@ -29,6 +29,11 @@ __all__ = [
     "newer",
     "rv_int",
 ]
+
+
+# The least time a tombstone is kept (``Tombstones``): well over a request timeout (10 s
+# by default; the controller keeps them longer when the timeout is set longer).
+TOMBSTONE_SECONDS = 60.0
 
 
 def rv_int(resource_version: str) -> int | None:
@@ -121,25 +126,44 @@ class LeaseRecord:
 
 
 class Tombstones:
-    """The resourceVersion at which recently deleted objects went, at most ``limit`` of them."""
+    """The resourceVersion at which recently deleted objects went, so a late reply does not
+    bring one back: each kept for at least one period of ``age`` (the store's
+    ``expire_tombstones``: ``TOMBSTONE_SECONDS`` or more) and at most two, and at most
+    ``limit`` at once (a burst over it ages the older half early).
+
+    A late reply comes within a request timeout, and a new leader's catch-up LIST is
+    waited for (the controller does not age them meanwhile), so an older tombstone
+    refuses nothing. Kept by count alone (the newest ``limit``), a steady rate of tasks
+    finished and deleted held 10,000 of them: the operator's memory grew for half an
+    hour at 5 tasks/s.
+    Two plain dicts, the newer and the older generation: ``age`` drops the older one
+    whole, so no entry carries a timestamp or a link."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
-        self._gone: OrderedDict[Key, str] = OrderedDict()
+        self._new: dict[Key, str] = {}
+        self._old: dict[Key, str] = {}
 
     def bury(self, key: Key, resource_version: str) -> None:
-        self._gone[key] = resource_version
-        self._gone.move_to_end(key)
-        while len(self._gone) > self.limit:
-            self._gone.popitem(last=False)
+        self._old.pop(key, None)
+        self._new[key] = resource_version
+        if len(self._new) >= self.limit // 2:
+            self.age()
 
     def buried(self, key: Key, resource_version: str) -> bool:
         """A body at ``resource_version`` is older than the deletion we saw."""
-        gone = self._gone.get(key)
+        gone = self._new.get(key)
+        if gone is None:
+            gone = self._old.get(key)
         return gone is not None and not newer(resource_version, gone)
 
     def revive(self, key: Key) -> None:
-        self._gone.pop(key, None)
+        self._new.pop(key, None)
+        self._old.pop(key, None)
+
+    def age(self) -> None:
+        """The older generation goes; the newer one becomes the older."""
+        self._old, self._new = self._new, {}
 
     def __len__(self) -> int:
-        return len(self._gone)
+        return len(self._new) + len(self._old)

@@ -79,6 +79,7 @@ class Store:
         self.changed = Changes()
         self.busy = 0  # task records with a write in flight (``start_write``/``end_write``)
         self._writes = itertools.count(1)
+        self._aged: float | None = None  # when the tombstones last aged (our clock)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -260,6 +261,16 @@ class Store:
                 or worker.readiness[0] is not Readiness.READY
             )
         return not renews(self.task((view.namespace, view.subject)), old, view)
+
+    def expire_tombstones(self, now: float, period: float) -> None:
+        """Age the tombstones once a ``period`` (monotonic ``now``): each is kept one period
+        at least, two at most (``Tombstones``)."""
+        if self._aged is None:
+            self._aged = now
+        elif now - self._aged >= period:
+            self._aged = now
+            self.task_tombstones.age()
+            self.worker_tombstones.age()
 
     def start_write(self, record: TaskRecord, *, granting: str | None = None) -> int:
         """A write about the task is going out (``granting``: a grant to that worker);

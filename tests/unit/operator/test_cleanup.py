@@ -9,6 +9,7 @@ import tracemalloc
 from typing import Any
 
 from agentq import protocol
+from agentq.operator.records import TOMBSTONE_SECONDS
 from builders import task
 from harness import NS, Harness, run
 
@@ -160,30 +161,43 @@ async def test_the_memory_of_ten_thousand_finished_tasks_is_small_and_given_back
     bodies = [finished(f"t{i:05d}", at=now) for i in range(10_000)]
     for i, body in enumerate(bodies):
         body["metadata"].update(uid=f"uid-{i}", resourceVersion=str(1000 + i))
+    # The operator's memory: not the in-memory API server's, nor this test's bodies.
+    operator = [tracemalloc.Filter(False, "*/fake.py"), tracemalloc.Filter(False, __file__)]
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
+        start = tracemalloc.take_snapshot().filter_traces(operator)
         for body in bodies:  # as the watch delivers them
             h.controller.observe("agenttasks", "ADDED", body)
         h.controller.step()
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - before
+        assert len(h.controller.store.tasks) == 0, "no record of a finished task"
+        assert len(h.controller.cleanup) == 10_000
+        # One cleanup entry and one tombstone each.
+        assert held < 10_000 * 800, f"{held / 10_000:.0f} bytes per finished task"
+
+        for body in bodies:  # the API server holds them too, for the deletes to find
+            h.kube.objects[("agenttasks", NS, body["metadata"]["name"])] = body
+        h.clock.advance(61)
+        await drain(h)
+        assert tasks_left(h) == 0
+        c = h.controller
+        assert len(c.cleanup) == 0 and not c.cleanup._heap and len(c.store) == 0
+        # A tombstone outlives any late reply (TOMBSTONE_SECONDS), then it goes too:
+        # a steady rate of tasks finished and deleted holds the memory of a few
+        # minutes' worth of them, not of the last 10,000.
+        for _ in range(2):
+            await h.advance(TOMBSTONE_SECONDS + 1)
+        assert len(c.store.task_tombstones) == 0
+        gc.collect()
+        after = tracemalloc.take_snapshot().filter_traces(operator)
     finally:
         tracemalloc.stop()
-    assert len(h.controller.store.tasks) == 0, "no record of a finished task"
-    assert len(h.controller.cleanup) == 10_000
-    # One cleanup entry and one tombstone (bounded: the newest 10,000 only) each.
-    assert held < 10_000 * 800, f"{held / 10_000:.0f} bytes per finished task"
-
-    for body in bodies:  # the API server holds them too, for the deletes to find
-        h.kube.objects[("agenttasks", NS, body["metadata"]["name"])] = body
-    h.clock.advance(61)
-    await drain(h)
-    assert tasks_left(h) == 0
-    c = h.controller
-    assert len(c.cleanup) == 0 and not c.cleanup._heap and len(c.store) == 0
-    assert len(c.store.task_tombstones) <= c.store.task_tombstones.limit
+    # What is left is the capacity of the cleanup's dict (a dict keeps its table).
+    kept = sum(stat.size_diff for stat in after.compare_to(start, "filename"))
+    assert kept < 10_000 * 50, f"{kept / 10_000:.0f} bytes per deleted task kept"
 
 
 @run
@@ -221,3 +235,52 @@ async def test_a_lease_seen_after_its_finished_task_is_deleted() -> None:
     )
     await h.settle()
     assert h.lease("t") is None
+
+
+@run
+async def test_a_steady_rate_of_tasks_run_finished_and_deleted_holds_the_memory_flat() -> None:
+    """``make soak`` in small: 2.5 tasks a second, each granted, renewed, Succeeded and
+    deleted by its TTL (30 s). Once the first TTL period (and a tombstone's life) is
+    over, what the operator holds stays as it is: no per-task leftover."""
+    h = Harness()
+    h.worker("w1", "llm", max_in_flight=100, lease_seconds=100_000)
+    await h.settle()
+    made = 0
+
+    async def ten_seconds() -> None:
+        nonlocal made
+        names = [f"s{made + i:07d}" for i in range(25)]
+        made += len(names)
+        for name in names:
+            h.task(task(name).requires("llm").lease(30).ttl(30))
+        await h.settle()
+        for name in names:
+            h.renew(name)
+        await h.settle()
+        for name in names:
+            h.report(name, outcome="Succeeded", result={"ok": True})
+        await h.settle()
+        for key in [k for k in h.kube.objects if k[0] == "events"]:
+            del h.kube.objects[key]  # the API server's --event-ttl
+        h.renew_worker("w1")
+        await h.advance(10)
+
+    c = h.controller
+    gc.collect()
+    tracemalloc.start()  # from the start: what the window frees counts too
+    try:
+        for _ in range(14):  # the first TTL period, and a tombstone's longest life
+            await ten_seconds()
+        gc.collect()
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(24):  # 600 tasks more; whole periods of the tombstones' aging
+            await ten_seconds()
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert tasks_left(h) <= 4 * 25, "deleted by their TTL"
+    assert len(c.store.tasks) == 0 and len(c.cleanup) <= 4 * 25
+    # Two periods of deletions at most.
+    assert len(c.store.task_tombstones) <= 2 * TOMBSTONE_SECONDS * 2.5 + 25
+    assert grown < 600 * 40, f"{grown / 600:.0f} bytes per task kept"
