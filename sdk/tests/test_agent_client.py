@@ -4,7 +4,9 @@ thread, LeaseLost raised in the agent when fenced."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +28,7 @@ from agentq.fencing import SQLiteFencedStore, StaleTokenError
 
 
 class FakeSidecar:
-    def __init__(self) -> None:
+    def __init__(self, *, keep_alive: bool = False) -> None:
         self.beats: list[dict[str, Any]] = []
         self.lost_after: int | None = None  # answer 409 from this beat on
         self.lost_body: dict[str, Any] = {"error": "LeaseLost", "message": "reclaimed"}
@@ -39,9 +41,23 @@ class FakeSidecar:
         self.failed_listings = 0  # answer this many GETs 500 (a bug in the sidecar, say)
         self.secret: str | None = None  # when set, every call must carry it (else 401)
         self.authorizations: list[str | None] = []  # the Authorization header of each call
+        self.paths: list[str] = []  # the path (and query) of each GET
+        self.connections = 0  # connections accepted
+        self.sockets: list[socket.socket] = []  # their server ends
+        self.drop_idle = False  # close each connection after its answer, without saying so
+        self.refuse_until = False  # answer ``until`` 400, as a sidecar that predates it
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1 keeps the connection open after an answer (keep-alive); 1.0 closes it.
+            protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+            def setup(self) -> None:
+                super().setup()
+                with fake.lock:
+                    fake.connections += 1
+                    fake.sockets.append(self.connection)
+
             def log_message(self, *args: Any) -> None:
                 pass
 
@@ -52,6 +68,8 @@ class FakeSidecar:
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
+                if fake.drop_idle:
+                    self.close_connection = True
 
             def _refused(self) -> bool:
                 header = self.headers.get("Authorization")
@@ -62,7 +80,11 @@ class FakeSidecar:
                 return True
 
             def do_GET(self) -> None:
+                fake.paths.append(self.path)
                 if self._refused():
+                    return
+                if fake.refuse_until and "until=" in self.path:
+                    self._answer(400, {"error": "BadRequest", "message": "unknown: 'until'"})
                     return
                 if fake.failed_listings > 0:
                     fake.failed_listings -= 1
@@ -95,7 +117,8 @@ class FakeSidecar:
                     if fake.lost_after is not None and len(fake.beats) >= fake.lost_after:
                         self._answer(409, fake.lost_body)
                         return
-                    self._answer(200, {**ASSIGNMENT, "leaseRemainingSeconds": fake.remaining})
+                    answer = {**ASSIGNMENT, "token": body["token"], "task": self.path.split("/")[3]}
+                    self._answer(200, {**answer, "leaseRemainingSeconds": fake.remaining})
                     return
                 fake.reports.append((self.path.rsplit("/", 1)[-1], body))
                 if fake.cut_reports > 0:
@@ -111,6 +134,7 @@ class FakeSidecar:
                     return
                 self._answer(200, {"task": "job", "token": 41, "state": "reported"})
 
+        self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -119,6 +143,10 @@ class FakeSidecar:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        with self.lock:
+            for sock in self.sockets:  # a sidecar that exits closes its connections too
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 ASSIGNMENT = {
@@ -316,3 +344,104 @@ def test_without_the_secret_the_401_is_raised_at_once_not_waited_out(
     with pytest.raises(AgentError):
         wrong.heartbeat("job", 41)
     assert fake.authorizations[-1] == "Bearer guess"
+
+
+@pytest.fixture
+def keep_alive() -> Iterator[FakeSidecar]:
+    sidecar = FakeSidecar(keep_alive=True)
+    yield sidecar
+    sidecar.close()
+
+
+def test_calls_share_one_kept_alive_connection(keep_alive: FakeSidecar) -> None:
+    """A connection per call (urllib) cost the sidecar an accept and a close each time:
+    the larger part of its CPU per task. One connection carries them all."""
+    with SidecarClient(keep_alive.url) as client:
+        client.list()
+        for _ in range(5):
+            client.heartbeat("job", 41)
+        client.complete("job", 41, {"ok": True})
+    assert len(keep_alive.beats) == 5 and len(keep_alive.reports) == 1
+    assert keep_alive.connections == 1
+
+
+def test_a_connection_the_sidecar_closed_while_idle_is_opened_again(
+    keep_alive: FakeSidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sidecar closes idle connections (its idle timeout, a restart). Seen before the
+    request is sent, or -- when the close crosses the request -- as a reset or an end of
+    file before any answer: either way the call goes through on a new connection."""
+    keep_alive.drop_idle = True
+    client = SidecarClient(keep_alive.url)
+    for _ in range(3):
+        assert client.heartbeat("job", 41)["token"] == 41
+        time.sleep(0.05)  # the close reaches the client
+    assert keep_alive.connections == 3
+    # The close not seen yet when the connection is taken: the request itself fails.
+    monkeypatch.setattr("agentq.agent._dropped", lambda conn: False)
+    for _ in range(3):
+        assert client.heartbeat("job", 41)["token"] == 41
+        time.sleep(0.05)
+    assert len(keep_alive.beats) == 6
+    assert keep_alive.connections == 6
+
+
+def test_a_sidecar_that_went_away_is_unavailable_not_retried_for_ever(
+    keep_alive: FakeSidecar,
+) -> None:
+    client = SidecarClient(keep_alive.url, timeout=1.0)
+    client.heartbeat("job", 41)
+    keep_alive.close()
+    with pytest.raises(SidecarUnavailable):
+        client.heartbeat("job", 41)
+
+
+def test_threads_sharing_a_client_each_get_their_own_answer(keep_alive: FakeSidecar) -> None:
+    """agent-sim calls one client from its listing thread, each attempt's thread and each
+    heartbeat thread at once: a connection is used by one thread at a time."""
+    client = SidecarClient(keep_alive.url)
+    wrong: list[tuple[int, Any]] = []
+
+    def beat(token: int) -> None:
+        for _ in range(20):
+            answer = client.heartbeat(f"task-{token}", token)
+            if (answer["token"], answer["task"]) != (token, f"task-{token}"):
+                wrong.append((token, answer))
+
+    threads = [threading.Thread(target=beat, args=(token,)) for token in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+    assert len(keep_alive.beats) == 160
+    assert keep_alive.connections <= 8
+
+
+def test_assignments_long_polls_for_offers_only(fake: FakeSidecar) -> None:
+    """The agent's listing loop asked to be woken at any change of the listing: each of
+    its own reports (and the end that follows it) woke it for a listing with nothing
+    new, a wake-up and a listing encoded for nothing."""
+    other = {**ASSIGNMENT, "task": "other", "token": 3}
+    fake.listings = [[ASSIGNMENT], [ASSIGNMENT, other]]
+    handed = SidecarClient(fake.url).assignments(poll=5)
+    assert [next(handed).task, next(handed).task] == ["job", "other"]
+    assert fake.paths == [
+        "/v1/assignments?wait=5",
+        "/v1/assignments?wait=5&after=2&until=offers",
+    ]
+
+
+def test_a_sidecar_that_predates_offers_only_gets_plain_long_polls(fake: FakeSidecar) -> None:
+    """The SDK and the sidecar come in different images: an agent upgraded first must not
+    stop taking work because its sidecar refuses the new parameter."""
+    fake.refuse_until = True
+    other = {**ASSIGNMENT, "task": "other", "token": 3}
+    fake.listings = [[ASSIGNMENT], [ASSIGNMENT, other]]
+    handed = SidecarClient(fake.url).assignments(poll=5)
+    assert [next(handed).task, next(handed).task] == ["job", "other"]
+    assert fake.paths == [
+        "/v1/assignments?wait=5",
+        "/v1/assignments?wait=5&after=2&until=offers",
+        "/v1/assignments?wait=5&after=2",
+    ]

@@ -186,6 +186,23 @@ def after_version(raw: str | None) -> int | None:
     return int(raw)
 
 
+# What a long poll with ``after`` waits for (``until``): any change of the listing, or
+# only a new assignment (or one withdrawn before its report).
+UNTIL_CHANGE = "change"
+UNTIL_OFFERS = "offers"
+
+
+def until(raw: str | None) -> str:
+    if raw is None:
+        return UNTIL_CHANGE
+    if raw not in (UNTIL_CHANGE, UNTIL_OFFERS):
+        raise bad(
+            f"query parameter 'until' must be {UNTIL_CHANGE!r} or {UNTIL_OFFERS!r}, "
+            f"not {raw[:50]!r}"
+        )
+    return raw
+
+
 def encode_report(report: protocol.Report) -> str:
     """The report as the Lease annotation, or 413 if it is over the protocol's limit."""
     try:

@@ -195,20 +195,21 @@ class AgentApi:
     # -- assignments -------------------------------------------------------------------
 
     async def list_assignments(self, request: web.Request) -> web.Response:
-        _only_query(request, {"wait", "after"})
+        _only_query(request, {"wait", "after", "until"})
         wait = agent_input.wait_seconds(request.query.get("wait"))
         after = agent_input.after_version(request.query.get("after"))
+        until = agent_input.until(request.query.get("until"))
         self._require_serving()
         if wait > 0:
             deadline = self.clock.monotonic() + wait
-            # Without ``after``: wait for the first assignment. With it: for any change.
-            while not self.stopping and (
-                self.attempts.version == after if after is not None else not self.attempts.listing()
-            ):
+            ready = self._poll_over(after, until)
+            # Checked at each change (``Changes.notify``) and at least once a second:
+            # the worker Lease also lapses by the clock alone.
+            while not ready():
                 left = deadline - self.clock.monotonic()
                 if left <= 0:
                     break
-                await self.changes.wait(min(left, 1.0))
+                await self.changes.wait_until(ready, min(left, 1.0))
             self._require_serving()
         listing = self.attempts.listing()
         metrics.ASSIGNMENTS.set(len(listing))
@@ -220,6 +221,25 @@ class AgentApi:
                 "assignments": [self._describe(a) for a in listing],
             }
         )
+
+    def _poll_over(self, after: int | None, until: str) -> Callable[[], bool]:
+        """When a long poll answers. Without ``after``: once there is an assignment.
+        With it: once the listing changed since that version, or (``until=offers``) once
+        an assignment was offered or withdrawn since. At once when the sidecar stops
+        serving (shutdown, worker Lease lost), and when ``after`` is ahead of this
+        sidecar's version (the agent's last answer came from an earlier start)."""
+        attempts = self.attempts
+
+        def ready() -> bool:
+            if self.stopping or not self.keeper.held(self.clock.monotonic()):
+                return True
+            if after is None:
+                return attempts.any_listed()
+            if until == agent_input.UNTIL_OFFERS:
+                return attempts.offered > after or attempts.version < after
+            return attempts.version != after
+
+        return ready
 
     async def get_assignment(self, request: web.Request) -> web.Response:
         task = agent_input.task_name(request.match_info["task"])

@@ -260,6 +260,10 @@ class Attempts:
     # ours to serve. They expire and the operator grants them again with new tokens.
     inherited: dict[str, int | None] = field(default_factory=dict)
     version: int = 0  # bumped whenever the listing changes (long-polls wait on it)
+    # The version at the last change the agent did not cause itself: an attempt offered,
+    # or one withdrawn before its report (revoked, lost). Not a report nor the end that
+    # follows it: a long poll for offers (``?until=offers``) waits on this alone.
+    offered: int = 0
 
     # -- what the watch says -----------------------------------------------------------
 
@@ -280,8 +284,11 @@ class Attempts:
                 known.lease = slim(lease)
             self._report_seen(known, lease)
             if view.revoked is not None and known.revoked is None:
+                withdrawn = known.state == "active"
                 known.revoked = view.revoked
                 self.version += 1  # no longer offered
+                if withdrawn:
+                    self.offered = self.version
             return None
         if known is not None and known.token > view.token:
             return None  # an old event of an earlier grant
@@ -367,6 +374,8 @@ class Attempts:
         attempt.heartbeat_seconds = heartbeat_seconds
         attempt.state = "active"
         self.version += 1
+        if attempt.revoked is None:
+            self.offered = self.version
         return True
 
     def drop(self, attempt: Attempt, reason: str) -> None:
@@ -473,9 +482,12 @@ class Attempts:
 
     def listing(self) -> list[Attempt]:
         return sorted(
-            (a for a in self.current.values() if a.state != "pending" and a.revoked is None),
+            (a for a in self.current.values() if _listed(a)),
             key=lambda a: (a.seen_at, a.task),
         )
+
+    def any_listed(self) -> bool:
+        return any(_listed(a) for a in self.current.values())
 
     def releasable(self) -> list[Attempt]:
         """Revoked attempts whose Lease may be let go: the agent was told, or never beat
@@ -513,6 +525,7 @@ class Attempts:
             self.version += 1
 
     def _end(self, attempt: Attempt, reason: str) -> None:
+        withdrawn = attempt.state == "active" and attempt.revoked is None
         del self.current[attempt.task]
         self.ended[(attempt.task, attempt.token)] = Ended(
             attempt.task, attempt.token, reason, attempt.report, attempt.revoked
@@ -520,6 +533,13 @@ class Attempts:
         while len(self.ended) > ENDED_MEMORY:
             self.ended.popitem(last=False)
         self.version += 1
+        if withdrawn:
+            self.offered = self.version
+
+
+def _listed(attempt: Attempt) -> bool:
+    """Offered to the agent: its task is read and its claim is not revoked."""
+    return attempt.state != "pending" and attempt.revoked is None
 
 
 def _newer(new: Body, old: Body) -> bool:

@@ -286,3 +286,31 @@ def test_an_agent_that_reports_soon_after_its_grant_writes_only_its_report() -> 
     b = active(Attempts(namespace="ns", worker="w"), 0.0, hb=1.0)
     b.beat_at = 0.1
     assert b.due_at() == 0.5, "at most half the heartbeat interval after the grant"
+
+
+def test_offered_moves_only_for_what_the_agent_did_not_do_itself() -> None:
+    """``offered`` (what ``?until=offers`` long polls wait on) moves when an attempt is
+    offered or withdrawn before its report, not at a report or the end that follows
+    it, nor for a grant that was never offered."""
+    attempts = Attempts(namespace="ns", worker="w")
+    attempt = active(attempts)
+    assert attempts.offered == attempts.version, "offered"
+    before = attempts.offered
+    attempts.beat("job", 7, None, 1.0)
+    attempts.reported(attempt, lease(rv=101), "report", 1.0)
+    attempts.deleted(lease(rv=102))
+    assert attempts.offered == before and attempts.version == before + 2
+    active(attempts, task="lost", token=8)
+    attempts.deleted(lease("lost", token=8, rv=103))
+    assert attempts.offered == attempts.version, "withdrawn: lost before its report"
+    active(attempts, task="cancelled", token=9)
+    attempts.observe(revoked_lease(task="cancelled", token=9, rv=104), 2.0)
+    assert attempts.offered == attempts.version, "withdrawn: revoked"
+    before = attempts.offered
+    with pytest.raises(AgentError):
+        attempts.find("cancelled", 9)  # told
+    attempts.released(attempts.current["cancelled"])
+    pending = attempts.observe(revoked_lease(task="never", token=10), 3.0)
+    assert pending is not None
+    attempts.activate(pending, uid="uid-1", payload=None, lease_seconds=30, heartbeat_seconds=10)
+    assert attempts.offered == before, "a revoked claim was never offered nor withdrawn"

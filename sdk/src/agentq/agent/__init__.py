@@ -14,8 +14,14 @@
         except LeaseLost as lost:
             log(f"stopped: {lost}")                 # another attempt owns the task now
 
-Only the standard library (``urllib``), so it drops into any agent. Any other
-language uses the same API with plain HTTP.
+Only the standard library (``http.client``), so it drops into any agent. Any other
+language uses the same API with plain HTTP. The client keeps its connections to the
+sidecar open (HTTP keep-alive) and shares them between the threads that use it: a
+thread takes an idle one or opens one, and gives it back after the answer. One that
+the sidecar closed meanwhile (a restart, its idle timeout) is opened again.
+
+``assignments()`` long-polls for new attempts only (``until=offers``): a report or
+a heartbeat does not end its wait.
 
 Every call carries the sidecar's secret (``Authorization: Bearer``), read from its
 token file: ``token_file``, else ``$AGENTQ_SIDECAR_TOKEN_FILE``, else
@@ -43,11 +49,11 @@ import datetime
 import http.client
 import json
 import os
+import select
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -107,6 +113,10 @@ REPORT_RETRY_FIRST = 0.5
 REPORT_RETRY_MAX = 5.0
 # How many attempts ``assignments()`` remembers having handed out.
 SEEN_MEMORY = 4096
+# Idle connections kept open to the sidecar, and for how long: well under the
+# sidecar's own idle timeout (aiohttp's 75 s), so it does not close one as it is sent.
+IDLE_CONNECTIONS = 8
+IDLE_SECONDS = 30.0
 
 
 class SidecarUnavailable(Exception):
@@ -174,6 +184,35 @@ class SidecarClient:
         )
         self._token = token
         self._read: str | None = None  # the token file's contents as last read
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http:// URL: {self.url!r}")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port
+        self._prefix = parts.path.rstrip("/")
+        # Idle keep-alive connections (with when each was given back), the newest last;
+        # any thread takes one. Forgotten in a forked child: they are the parent's.
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
+        self._idle_lock = threading.Lock()
+        # A client dropped without close() closes its idle connections when collected.
+        weakref.finalize(self, _close_idle, self._idle)
+        self._pid = os.getpid()
+        # False once the sidecar refused ``until`` (an older sidecar): plain long polls.
+        self._offers_only = True
+
+    def close(self) -> None:
+        """Close the idle connections (the client stays usable: it opens new ones)."""
+        with self._idle_lock:
+            idle = self._idle[:]
+            self._idle.clear()
+        _close_idle(idle)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def secret(self) -> str | None:
         """The secret to send: ``token`` if given, else the token file's contents, read
@@ -229,42 +268,119 @@ class SidecarClient:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if secret is not None:
             headers["Authorization"] = f"Bearer {secret}"
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as response:
-                answer: dict[str, Any] = json.loads(response.read() or b"{}")
+            status, reason, raw = self._exchange(
+                method, self._prefix + path, data, headers, timeout or self.timeout
+            )
+            if 200 <= status < 300:
+                answer: dict[str, Any] = json.loads(raw or b"{}")
                 return answer
-        except urllib.error.HTTPError as err:
-            try:
-                raw = err.read()
-            except (http.client.HTTPException, OSError):
-                raw = b""  # the answer was cut short: its status is enough
-            try:
-                decoded = json.loads(raw) if raw else {}
-            except ValueError:
-                decoded = {"message": raw[:500].decode(errors="replace")}
-            code = str(decoded.get("error") or err.reason)
-            message = str(decoded.get("message") or "")
-            if err.code == 409:
-                kind = Cancelled if code in REVOKED_CODES else LeaseLost
-                raise kind(err.code, code, message, decoded) from None
-            if err.code == 503:
-                raise SidecarUnavailable(f"503 {code}: {message}") from None
-            raise AgentError(err.code, code, message, decoded) from None
         # http.client.HTTPException: an answer cut short or garbled (IncompleteRead,
         # BadStatusLine), e.g. the sidecar restarting mid-answer; not an OSError.
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        except (http.client.HTTPException, OSError, ValueError) as err:
             raise SidecarUnavailable(f"{method} {self.url}{path}: {err}") from err
+        try:
+            decoded = json.loads(raw) if raw else {}
+            if not isinstance(decoded, dict):
+                decoded = {"message": str(decoded)[:500]}
+        except ValueError:
+            decoded = {"message": raw[:500].decode(errors="replace")}
+        code = str(decoded.get("error") or reason)
+        message = str(decoded.get("message") or "")
+        if status == 409:
+            kind = Cancelled if code in REVOKED_CODES else LeaseLost
+            raise kind(status, code, message, decoded)
+        if status == 503:
+            raise SidecarUnavailable(f"503 {code}: {message}")
+        raise AgentError(status, code, message, decoded)
+
+    def _exchange(
+        self, method: str, target: str, data: bytes | None, headers: dict[str, str], timeout: float
+    ) -> tuple[int, str, bytes]:
+        """One request on a kept-alive connection: (status, reason, body).
+
+        A connection the sidecar closed while it was idle fails as the request is sent
+        or before any answer: the request is sent once more on a new connection. Every
+        call of the API may be repeated (a report is idempotent).
+        """
+        conn, reused = self._checkout(timeout)
+        try:
+            try:
+                conn.request(method, target, body=data, headers=headers)
+                response = conn.getresponse()
+            except (ConnectionResetError, ConnectionAbortedError, BrokenPipeError):
+                # (http.client.RemoteDisconnected is a ConnectionResetError.)
+                if not reused:
+                    raise
+                conn.close()
+                self.close()  # the others are as old: the sidecar may have restarted
+                conn = self._connect(timeout)
+                conn.request(method, target, body=data, headers=headers)
+                response = conn.getresponse()
+            raw = response.read()
+        except BaseException:
+            conn.close()
+            raise
+        if response.will_close:
+            conn.close()
+        else:
+            self._checkin(conn)
+        return response.status, response.reason, raw
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return kind(self._host, self._port, timeout=timeout)
+
+    def _checkout(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle connection (True) or a new one (False), with ``timeout``."""
+        now = time.monotonic()
+        stale: list[http.client.HTTPConnection] = []
+        found = None
+        with self._idle_lock:
+            if self._pid != os.getpid():
+                self._idle.clear()
+                self._pid = os.getpid()
+            while self._idle and found is None:
+                conn, since = self._idle.pop()
+                if now - since < IDLE_SECONDS and not _dropped(conn):
+                    found = conn
+                else:
+                    stale.append(conn)
+        for conn in stale:
+            conn.close()
+        if found is None:
+            return self._connect(timeout), False
+        found.timeout = timeout
+        if found.sock is not None:
+            found.sock.settimeout(timeout)
+        return found, True
+
+    def _checkin(self, conn: http.client.HTTPConnection) -> None:
+        surplus = None
+        with self._idle_lock:
+            if self._pid != os.getpid():
+                surplus = conn
+            else:
+                self._idle.append((conn, time.monotonic()))
+                if len(self._idle) > IDLE_CONNECTIONS:
+                    surplus = self._idle.pop(0)[0]  # the one idle the longest
+        if surplus is not None:
+            surplus.close()
 
     # -- assignments ------------------------------------------------------------------------
 
-    def list(self, *, wait: float = 0.0, after: int | None = None) -> tuple[int, list[Assignment]]:
-        """(version, assignments). ``wait`` long-polls until the list differs from ``after``."""
+    def list(
+        self, *, wait: float = 0.0, after: int | None = None, until: str | None = None
+    ) -> tuple[int, list[Assignment]]:
+        """(version, assignments). ``wait`` long-polls until the list differs from ``after``
+        (``until="offers"``: until an attempt is offered, or withdrawn, after it)."""
         query: dict[str, str] = {}
         if wait:
             query["wait"] = f"{wait:g}"
         if after is not None:
             query["after"] = str(after)
+        if until is not None:
+            query["until"] = until
         path = "/v1/assignments" + (f"?{urllib.parse.urlencode(query)}" if query else "")
         answer = self.request("GET", path, timeout=(wait or 0) + self.timeout)
         items = [Assignment.of(a) for a in answer.get("assignments") or []]
@@ -276,7 +392,9 @@ class SidecarClient:
         """Every new attempt granted to this worker, once each, as they come (blocks).
 
         Waits out a sidecar that is starting, not ready, briefly unreachable or failing
-        to answer (5xx).
+        to answer (5xx). Its long polls end only when something is offered (or withdrawn),
+        not at each report or heartbeat (``until=offers``; a sidecar that does not know
+        the parameter gets plain long polls).
         """
         # Every attempt handed out, oldest first, bounded. Not only those the last listing
         # showed: a restarted sidecar lists an attempt only once it has read its task
@@ -284,9 +402,13 @@ class SidecarClient:
         seen: dict[tuple[str, int], None] = {}
         version: int | None = None
         while stop is None or not stop.is_set():
+            until = "offers" if self._offers_only and version is not None else None
             try:
-                version, items = self.list(wait=poll, after=version)
+                version, items = self.list(wait=poll, after=version, until=until)
             except (SidecarUnavailable, AgentError) as err:
+                if isinstance(err, AgentError) and err.status == 400 and until is not None:
+                    self._offers_only = False  # an older sidecar: it refuses ``until``
+                    continue
                 if isinstance(err, AgentError) and err.status < 500:
                     raise  # a request the sidecar will never take: this client's bug
                 # Starting, away, or failed to answer (a 500): a listing changes nothing,
@@ -335,6 +457,28 @@ class SidecarClient:
 
 def _quote(task: str) -> str:
     return urllib.parse.quote(task, safe="")
+
+
+def _close_idle(idle: list[tuple[http.client.HTTPConnection, float]]) -> None:
+    for conn, _ in idle:
+        conn.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection was closed by the sidecar: an idle socket that reads
+    (an end of file, or bytes nobody asked for) is of no more use."""
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        if hasattr(select, "poll"):  # select() takes no descriptor above 1023
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            return bool(poller.poll(0))
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 class HeldLease:
