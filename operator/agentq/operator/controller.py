@@ -169,6 +169,7 @@ class Controller:
             self._take_lead(now)
         self.follower.apply()
         self.follower.fire_timers(now)
+        self.follower.refresh_queues()
         if now - self._last_resync >= self.config.resync_interval:
             self._resync(now)  # compared once the changes are applied, then rebuilt
         if self.synced:

@@ -124,6 +124,8 @@ class Dispatcher:
         shared = {lane[0] for lane in lanes if lane[1]}
         if shared or self.cores.queues.implicit:
             budget = self._dispatch_queues(budget, shared)
+            if budget <= 0 and self._refill is not None and not self._refill.done():
+                return  # the fencing tokens ran out: wait for the refill
         for lane in lanes:
             if budget <= 0:
                 return
@@ -169,7 +171,8 @@ class Dispatcher:
             if outcome is _GRANTED:
                 budget -= 1
             elif outcome is _STOP:
-                return 0
+                budget = 0
+                break
             else:
                 exclude.add(leaf)
         level.refresh(queue)

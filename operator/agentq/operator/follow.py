@@ -137,6 +137,12 @@ class Follower:
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
 
+    def refresh_queues(self) -> None:
+        """The queue level's count of each leaf's tasks that may be granted now, for the
+        lanes that changed (dispatch reads them again as it pops)."""
+        if self.indexes.queue.touched:
+            self.cores.queues.refresh(self.indexes.queue)
+
     def fire_timers(self, now: float) -> None:
         for kind, key in self.agenda.timers.pop_due(now):
             if kind == TIMER_TASK:
