@@ -619,6 +619,7 @@ class Rig:
             "--timeout=60s",
             "crd/agenttasks.agentq.dev",
             "crd/agentworkers.agentq.dev",
+            "crd/agentqueues.agentq.dev",
         )
 
     async def down(self) -> None:

@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--timeout=60s",
                 "crd/agenttasks.agentq.dev",
                 "crd/agentworkers.agentq.dev",
+                "crd/agentqueues.agentq.dev",
             ],
             env=bench.env,
             check=True,

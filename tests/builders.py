@@ -24,11 +24,14 @@ import yaml
 from agentq.models import API_VERSION
 
 __all__ = [
+    "INVALID_QUEUES",
     "INVALID_TASKS",
     "INVALID_WORKERS",
     "Invalid",
+    "QueueBuilder",
     "TaskBuilder",
     "WorkerBuilder",
+    "queue",
     "task",
     "worker",
 ]
@@ -138,6 +141,10 @@ class TaskBuilder(_Builder):
     def ttl(self, seconds: int) -> Self:
         return self.set("spec.ttlSecondsAfterFinished", seconds)
 
+    def queue(self, name: str) -> Self:
+        self._spec["queue"] = name
+        return self
+
     def priority(self, priority: int) -> Self:
         return self.set("spec.priority", priority)
 
@@ -187,6 +194,37 @@ class WorkerBuilder(_Builder):
         return self
 
 
+class QueueBuilder(_Builder):
+    """An AgentQueue (cluster-scoped: no namespace)."""
+
+    kind = "AgentQueue"
+
+    def weight(self, weight: float) -> Self:
+        self._spec["weight"] = weight
+        return self
+
+    def parent(self, name: str) -> Self:
+        self._spec["parent"] = name
+        return self
+
+    def selects(self, **labels: str) -> Self:
+        """namespaceSelector.matchLabels (none given: ``{}``, every namespace)."""
+        self._spec["namespaceSelector"] = {"matchLabels": labels} if labels else {}
+        return self
+
+    def workers_in(self, namespace: str) -> Self:
+        self._spec["workerNamespace"] = namespace
+        return self
+
+    def max_in_flight(self, count: int) -> Self:
+        self._spec["maxInFlight"] = count
+        return self
+
+
+def queue(name: str) -> QueueBuilder:
+    return QueueBuilder(name)
+
+
 def task(name: str) -> TaskBuilder:
     """An AgentTask manifest named ``name`` (a valid one: every spec field is optional)."""
     return TaskBuilder(name)
@@ -231,6 +269,7 @@ _WEIGHT = "weight must be at least 0.001"
 _LONG_NAME = "x" * 64
 
 INVALID_TASKS: tuple[Invalid, ...] = (
+    Invalid("queue-not-a-name", task("t").queue("Team A"), "spec.queue"),
     Invalid("cost-wrong-type", task("t").set("spec.cost", "cheap"), "spec.cost", "number"),
     Invalid("cost-negative", task("t").cost(-1), "spec.cost"),
     Invalid("cost-zero", task("t").cost(0), "spec.cost"),
@@ -383,4 +422,54 @@ INVALID_WORKERS: tuple[Invalid, ...] = (
         model_refuses=False,
     ),
     Invalid("name-too-long", worker(_LONG_NAME, "gpu"), "metadata.name", _NAME),
+)
+
+_OWN_PARENT = "a queue cannot be its own parent"
+_SELECTOR_VALUES = "values must be non-empty for In and NotIn"
+
+INVALID_QUEUES: tuple[Invalid, ...] = (
+    Invalid("weight-zero", queue("q").weight(0), "spec.weight", _WEIGHT),
+    Invalid("weight-too-big", queue("q").weight(1001), "spec.weight"),
+    Invalid("weight-wrong-type", queue("q").set("spec.weight", "heavy"), "spec.weight", "number"),
+    Invalid("own-parent", queue("q").parent("q"), "spec.parent", _OWN_PARENT),
+    Invalid("parent-not-a-name", queue("q").parent("Team A"), "spec.parent"),
+    Invalid("worker-namespace-not-a-label", queue("q").workers_in("a.b"), "spec.workerNamespace"),
+    Invalid("max-in-flight-zero", queue("q").max_in_flight(0), "spec.maxInFlight"),
+    Invalid(
+        "selector-in-without-values",
+        queue("q").set(
+            "spec.namespaceSelector", {"matchExpressions": [{"key": "t", "operator": "In"}]}
+        ),
+        "spec.namespaceSelector.matchExpressions[0].values",
+        _SELECTOR_VALUES,
+    ),
+    Invalid(
+        "selector-exists-with-values",
+        queue("q").set(
+            "spec.namespaceSelector",
+            {"matchExpressions": [{"key": "t", "operator": "Exists", "values": ["a"]}]},
+        ),
+        "spec.namespaceSelector.matchExpressions[0].values",
+        _SELECTOR_VALUES,
+    ),
+    Invalid(
+        "selector-unknown-operator",
+        queue("q").set(
+            "spec.namespaceSelector", {"matchExpressions": [{"key": "t", "operator": "Near"}]}
+        ),
+        "spec.namespaceSelector.matchExpressions[0].operator",
+    ),
+    Invalid(
+        "selector-label-not-a-string",
+        queue("q").set("spec.namespaceSelector", {"matchLabels": {"t": 3}}),
+        "spec.namespaceSelector.matchLabels.t",
+    ),
+    Invalid(
+        "unknown-field",
+        queue("q").set("spec.quota", 2),
+        "spec.quota",
+        "unknown field",
+        model_refuses=False,
+    ),
+    Invalid("name-too-long", queue(_LONG_NAME), "metadata.name", _NAME),
 )

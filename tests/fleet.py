@@ -77,7 +77,7 @@ CRD_DIR = Path(__file__).resolve().parents[1] / "crds"
 
 
 def install_crds(plane: ControlPlane) -> None:
-    """The AgentTask and AgentWorker CRDs, installed and Established."""
+    """The agentq CRDs, installed and Established."""
     plane.kubectl("apply", "-f", str(CRD_DIR))
     plane.kubectl(
         "wait",
@@ -85,6 +85,7 @@ def install_crds(plane: ControlPlane) -> None:
         "--timeout=60s",
         "crd/agenttasks.agentq.dev",
         "crd/agentworkers.agentq.dev",
+        "crd/agentqueues.agentq.dev",
     )
 
 

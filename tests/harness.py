@@ -28,7 +28,7 @@ from agentq.operator.port import Kube
 from agentq.operator.records import TaskRecord
 from agentq.operator.silence import ApiSilence, HeardKube
 from agentq.scheduler import Scheduler
-from builders import TaskBuilder
+from builders import QueueBuilder, TaskBuilder
 
 NS = "ns"
 
@@ -127,6 +127,16 @@ class Harness:
             NS,
             protocol.worker_lease_name(name),
             lambda b: b["spec"].__setitem__("renewTime", micro_rfc3339(self.clock.now())),
+        )
+
+    def queue(self, builder: QueueBuilder) -> dict[str, Any]:
+        """An AgentQueue (cluster-scoped)."""
+        return self.kube.put("agentqueues", builder.namespace("").obj())
+
+    def namespace(self, name: str = NS, **labels: str) -> dict[str, Any]:
+        """A Namespace with these labels (an AgentQueue's namespaceSelector reads them)."""
+        return self.kube.put(
+            "namespaces", {"metadata": {"name": name, "namespace": "", "labels": labels}}
         )
 
     def task(self, builder: TaskBuilder) -> dict[str, Any]:

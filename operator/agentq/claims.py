@@ -635,18 +635,44 @@ def _on_expiry(
 
 
 def decide_pending(
-    task: TaskView, missing: str | None, *, wall: datetime.datetime
+    task: TaskView,
+    missing: str | None,
+    *,
+    wall: datetime.datetime,
+    verdict: tuple[str, str] | None = None,
 ) -> Transition | None:
-    """A pending task's ``Unschedulable`` condition: set while ``missing`` says which
-    capabilities no worker of the namespace offers, cleared once one does."""
-    held = lifecycle.condition(task.status, lifecycle.UNSCHEDULABLE)
+    """A pending task's conditions. ``Queued`` for a task naming an AgentQueue: False
+    (the ``verdict``'s reason and message) while the queue does not admit it -- nothing
+    else is judged then --, True once it does. ``Unschedulable``: set while ``missing``
+    says which capabilities no worker of the namespace offers, cleared once one does."""
+    if task.spec.queue is not None:
+        queued = lifecycle.condition(task.status, lifecycle.QUEUED)
+        if verdict is not None:
+            reason, message = verdict
+            if queued is not None and not queued[0] and queued[1] == message:
+                return None
+            return lifecycle.not_queued(task.status, reason=reason, message=message, now=wall)
+        if queued is not None and not queued[0]:
+            admitted = lifecycle.queued(
+                task.status, message=f"AgentQueue {task.spec.queue} admits it", now=wall
+            )
+            # (judged on the status with Queued True: one patch of the conditions)
+            more = _unschedulable(admitted.apply(task.status), missing, wall)
+            return admitted if more is None else admitted.then(more)
+    return _unschedulable(task.status, missing, wall)
+
+
+def _unschedulable(
+    status: AgentTaskStatus, missing: str | None, wall: datetime.datetime
+) -> Transition | None:
+    held = lifecycle.condition(status, lifecycle.UNSCHEDULABLE)
     if missing is not None:
         if held is not None and held[0] and held[1] == missing:
             return None
-        return lifecycle.unschedulable(task.status, message=missing, now=wall)
+        return lifecycle.unschedulable(status, message=missing, now=wall)
     if held is not None and held[0]:
         return lifecycle.schedulable(
-            task.status, message="a worker that offers every required capability exists", now=wall
+            status, message="a worker that offers every required capability exists", now=wall
         )
     return None
 

@@ -54,6 +54,7 @@ COMPLETE = "Complete"
 DEAD_LETTERED = "DeadLettered"
 HELD = "Held"
 UNSCHEDULABLE = "Unschedulable"
+QUEUED = "Queued"  # a task naming an AgentQueue: whether the queue admits it
 UNPROCESSABLE = "Unprocessable"
 CANCELLED = "Cancelled"
 REVOKED = "Revoked"
@@ -451,6 +452,31 @@ def schedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime
             "conditions": _conditions(
                 status, _condition(UNSCHEDULABLE, False, "WorkerAvailable", message, stamp)
             )
+        },
+        reason="",
+        message="",
+    )
+
+
+def not_queued(
+    status: AgentTaskStatus, *, reason: str, message: str, now: datetime.datetime
+) -> Transition:
+    """The AgentQueue the task names does not admit it (``reason`` says why): it waits."""
+    stamp = rfc3339(now)
+    patch: dict[str, Any] = {
+        "conditions": _conditions(status, _condition(QUEUED, False, reason, message, stamp))
+    }
+    if status.phase is None:
+        patch["phase"] = TaskPhase.PENDING.value
+    return Transition(patch=patch, reason=reason, message=message, warning=True)
+
+
+def queued(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """The AgentQueue the task names admits it now."""
+    stamp = rfc3339(now)
+    return Transition(
+        patch={
+            "conditions": _conditions(status, _condition(QUEUED, True, "Admitted", message, stamp))
         },
         reason="",
         message="",

@@ -1,17 +1,19 @@
-"""The AgentTask and AgentWorker API (``agentq.dev/v1alpha1``) as pydantic models.
+"""The AgentTask, AgentWorker and AgentQueue API (``agentq.dev/v1alpha1``) as pydantic models.
 
-This module owns the Python view of the two custom resources. It mirrors
-``crds/agenttasks.agentq.dev.yaml`` and ``crds/agentworkers.agentq.dev.yaml``
-field for field: the same camelCase names (as aliases of snake_case attributes),
-defaults, bounds, enums and patterns, and one check per CEL rule with the same
-message. ``tests/unit/test_crd_models.py`` fails when the two drift apart;
+This module owns the Python view of the custom resources. It mirrors
+``crds/agenttasks.agentq.dev.yaml``, ``crds/agentworkers.agentq.dev.yaml`` and
+``crds/agentqueues.agentq.dev.yaml`` field for field: the same camelCase names (as
+aliases of snake_case attributes), defaults, bounds, enums and patterns, and one
+check per CEL rule with the same message. ``tests/unit/test_crd_models.py`` fails
+when the two drift apart;
 ``docs/api.md`` is the reference for users.
 
 It does no I/O and imports neither kopf nor kubernetes, so the scheduling core,
 the CLI and the tests can all use it. Entry points:
 
-- ``parse_task(body)`` / ``parse_worker(body)``: a whole object (a dict from the
-  API server or a kopf ``Body``) to ``AgentTask`` / ``AgentWorker``;
+- ``parse_task(body)`` / ``parse_worker(body)`` / ``parse_queue(body)``: a whole
+  object (a dict from the API server or a kopf ``Body``) to ``AgentTask`` /
+  ``AgentWorker`` / ``AgentQueue``;
 - ``parse_task_spec``, ``parse_task_status``, ``parse_worker_spec``,
   ``parse_worker_status``: one part (kopf's ``spec`` / ``status`` kwargs);
 - ``Model.to_dict()``: back to the JSON the API server expects (camelCase,
@@ -64,9 +66,14 @@ __all__ = [
     "MAX_SPAN_SECONDS",
     "MAX_TOKEN",
     "MIN_WEIGHT",
+    "QUEUE_NAME_PATTERN",
+    "QUEUE_PLURAL",
     "REQUEUABLE_PHASES",
     "TASK_PLURAL",
     "WORKER_PLURAL",
+    "AgentQueue",
+    "AgentQueueSpec",
+    "AgentQueueStatus",
     "AgentTask",
     "AgentTaskSpec",
     "AgentTaskStatus",
@@ -77,14 +84,18 @@ __all__ = [
     "AttemptRecord",
     "Condition",
     "ConditionStatus",
+    "LabelSelector",
+    "LabelSelectorRequirement",
     "LeaseExpiryPolicy",
     "ModelError",
     "ObjectMeta",
     "RetryBackoff",
+    "SelectorOperator",
     "TaskError",
     "TaskPhase",
     "WorkerPhase",
     "condition_reason",
+    "parse_queue",
     "parse_task",
     "parse_task_spec",
     "parse_task_status",
@@ -97,10 +108,14 @@ __all__ = [
 API_VERSION = f"{GROUP}/{VERSION}"
 TASK_PLURAL = "agenttasks"
 WORKER_PLURAL = "agentworkers"
+QUEUE_PLURAL = "agentqueues"
 
 # A capability is a short lowercase name (a DNS label): "gpu", "python-3-12".
 CAPABILITY_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_CAPABILITIES = 16
+# An AgentQueue's name as a task's spec.queue or a queue's spec.parent names it: an
+# object name short enough to be a label value (agentq.dev/queue).
+QUEUE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 # Object names become label values (agentq.dev/task, agentq.dev/worker): 63 at most.
 MAX_NAME_LENGTH = 63
 MAX_HISTORY = 20
@@ -200,6 +215,15 @@ class AttemptOutcome(StrEnum):
     CANCELLED = "Cancelled"
 
 
+class SelectorOperator(StrEnum):
+    """``LabelSelectorRequirement.operator``."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
 class ConditionStatus(StrEnum):
     """``metav1.Condition.status``."""
 
@@ -243,6 +267,9 @@ CapabilitySet = Annotated[
     PlainSerializer(sorted, return_type=list[str]),
 ]
 ObjectName = Annotated[str, StringConstraints(max_length=MAX_NAME_LENGTH)]
+QueueName = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=QUEUE_NAME_PATTERN)
+]
 NameSet = Annotated[frozenset[ObjectName], PlainSerializer(sorted, return_type=list[str])]
 
 
@@ -414,6 +441,8 @@ class AgentTaskSpec(_Model):
     ttl_seconds_after_finished: JsonInt | None = Field(default=None, ge=0, le=MAX_SPAN_SECONDS)
     # Order in the pending queue: higher first, oldest first within a priority.
     priority: JsonInt = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    # The AgentQueue (cluster-scoped) the task is queued in; None: its namespace's own.
+    queue: QueueName | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -506,6 +535,90 @@ class AgentTaskStatus(_StatusModel):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
+# --- AgentQueue ------------------------------------------------------------------
+
+_SELECTOR_VALUES = (
+    "values must be non-empty for In and NotIn, and empty for Exists and DoesNotExist"
+)
+LabelValue = Annotated[str, StringConstraints(max_length=63)]
+
+
+class LabelSelectorRequirement(_Model):
+    """One ``matchExpressions`` entry of a ``metav1.LabelSelector``."""
+
+    key: Annotated[str, StringConstraints(min_length=1, max_length=317)]
+    operator: SelectorOperator
+    values: list[LabelValue] | None = Field(default=None, max_length=64)
+
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> Self:
+        # The CRD's CEL rule, same message.
+        wants = self.operator in (SelectorOperator.IN, SelectorOperator.NOT_IN)
+        if wants != bool(self.values):
+            raise ValueError(_SELECTOR_VALUES)
+        return self
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        value = labels.get(self.key)
+        if self.operator is SelectorOperator.IN:
+            return value is not None and value in (self.values or ())
+        if self.operator is SelectorOperator.NOT_IN:
+            return value is None or value not in (self.values or ())
+        if self.operator is SelectorOperator.EXISTS:
+            return value is not None
+        return value is None
+
+
+class LabelSelector(_Model):
+    """A ``metav1.LabelSelector``: every matchLabels pair and every expression must hold
+    (an empty selector selects everything)."""
+
+    match_labels: dict[str, LabelValue] | None = Field(default=None, max_length=64)
+    match_expressions: list[LabelSelectorRequirement] | None = Field(default=None, max_length=64)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        for key, value in (self.match_labels or {}).items():
+            if labels.get(key) != value:
+                return False
+        return all(e.matches(labels) for e in self.match_expressions or ())
+
+
+class AgentQueueSpec(_Model):
+    """``AgentQueue.spec``: who may use the queue, where its workers live, its share."""
+
+    weight: JsonFloat = Field(default=1.0, le=1000, json_schema_extra={"minimum": MIN_WEIGHT})
+    parent: QueueName | None = None
+    namespace_selector: LabelSelector | None = None
+    worker_namespace: (
+        Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=CAPABILITY_PATTERN)]
+        | None
+    ) = None
+    max_in_flight: JsonInt | None = Field(default=None, ge=1, le=1_000_000)
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_at_least_minimum(cls, weight: float) -> float:
+        if not weight >= MIN_WEIGHT:
+            raise ValueError("weight must be at least 0.001")
+        return weight
+
+    def admits(self, labels: Mapping[str, str]) -> bool:
+        """Whether a namespace with ``labels`` may use the queue (no selector: none may)."""
+        return self.namespace_selector is not None and self.namespace_selector.matches(labels)
+
+
+class AgentQueueStatus(_StatusModel):
+    """``AgentQueue.status``, written by the operator only."""
+
+    pending: int | None = Field(default=None, ge=0)
+    in_flight: int | None = Field(default=None, ge=0)
+    served_cost: float | None = Field(default=None, ge=0)
+    share: float | None = Field(default=None, ge=0, le=1)
+    weight_share: float | None = Field(default=None, ge=0, le=1)
+    conditions: Conditions | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
 # --- whole objects ---------------------------------------------------------------
 
 
@@ -571,6 +684,23 @@ class AgentWorker(_Object):
     def lease_name(self) -> str:
         """The worker Lease its sidecar renews: ``agentq-worker-<name>``."""
         return f"agentq-worker-{self.metadata.name}"
+
+
+class AgentQueue(_Object):
+    """A whole AgentQueue object (cluster-scoped)."""
+
+    _label: ClassVar[str] = "agentq.dev/queue"
+    api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
+    kind: Literal["AgentQueue"] = "AgentQueue"
+    metadata: ObjectMeta
+    spec: AgentQueueSpec = AgentQueueSpec()
+    status: AgentQueueStatus = Field(default_factory=AgentQueueStatus)
+
+    @model_validator(mode="after")
+    def _not_its_own_parent(self) -> Self:
+        if self.spec.parent == self.metadata.name:
+            raise ValueError("a queue cannot be its own parent")
+        return self
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -675,3 +805,8 @@ def parse_worker_spec(spec: Mapping[str, Any] | None) -> AgentWorkerSpec:
 def parse_worker_status(status: Mapping[str, Any] | None) -> AgentWorkerStatus:
     """``AgentWorker.status``; a missing or empty status gives an empty model."""
     return _parse(AgentWorkerStatus, status, "AgentWorker status")
+
+
+def parse_queue(body: Mapping[str, Any]) -> AgentQueue:
+    """A whole AgentQueue (API server dict); raises ``ModelError``."""
+    return _parse(AgentQueue, body, _identify("AgentQueue", body))

@@ -1,7 +1,7 @@
 """Typed, compact views of the objects the operator watches, built from the models.
 
 The operator never keeps a watched object as a raw dict: each AgentTask,
-AgentWorker and agentq Lease becomes a frozen view holding only what the
+AgentWorker, AgentQueue and agentq Lease becomes a frozen view holding only what the
 decisions read, typed by the pydantic models (``AgentTaskSpec``,
 ``AgentTaskStatus``, ``AgentWorkerSpec``). What the operator never reads is
 dropped on the way in -- a task's ``payload``, a status' ``result`` -- which
@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentq import protocol
 from agentq.models import (
+    AgentQueueSpec,
     AgentTaskSpec,
     AgentTaskStatus,
     AgentWorkerSpec,
@@ -42,10 +43,13 @@ __all__ = [
     "TOO_DEEP",
     "LeaseView",
     "Problem",
+    "QueueView",
     "TaskView",
     "WorkerView",
     "decode",
     "lease_view",
+    "namespace_labels",
+    "queue_view",
     "task_view",
     "worker_view",
 ]
@@ -361,6 +365,48 @@ def worker_view(body: Mapping[str, Any]) -> WorkerView:
         status=status,
         problem=problem,
     )
+
+
+# -- AgentQueue and Namespace (cluster-scoped) ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    """What the operator knows of one AgentQueue."""
+
+    name: str
+    uid: str
+    resource_version: str
+    spec: AgentQueueSpec | None  # None: it does not fit the schema (``problem`` says why)
+    problem: Problem | None = None
+
+
+def queue_view(body: Mapping[str, Any]) -> QueueView:
+    meta = _meta(body)
+    raw_spec = body.get("spec")
+    spec: AgentQueueSpec | None = None
+    problem: Problem | None = None
+    try:
+        spec = AgentQueueSpec.model_validate(raw_spec if isinstance(raw_spec, Mapping) else {})
+    except ValidationError as err:
+        problem = Problem(
+            "InvalidSpec", f"spec does not fit the agentq.dev schema: {_describe(err)}"
+        )
+    return QueueView(
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        spec=spec,
+        problem=problem,
+    )
+
+
+def namespace_labels(body: Mapping[str, Any]) -> dict[str, str]:
+    """A Namespace's labels (what an AgentQueue's namespaceSelector reads)."""
+    labels = _meta(body).get("labels")
+    if not isinstance(labels, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in labels.items() if isinstance(v, str)}
 
 
 # -- Lease ---------------------------------------------------------------------------

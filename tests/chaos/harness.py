@@ -206,6 +206,7 @@ class ChaosRun:
                 "--timeout=60s",
                 "crd/agenttasks.agentq.dev",
                 "crd/agentworkers.agentq.dev",
+                "crd/agentqueues.agentq.dev",
             )
             self._kubectl(kubectl, state.kubeconfig, "create", "namespace", NAMESPACE)
             self.api = config.new_client_from_config(config_file=state.kubeconfig)

@@ -30,15 +30,16 @@ from agentq.models import (
     ConditionStatus,
     TaskPhase,
     WorkerPhase,
+    parse_queue,
     parse_task,
     parse_worker,
 )
-from builders import INVALID_TASKS, INVALID_WORKERS, Invalid, task, worker
+from builders import INVALID_QUEUES, INVALID_TASKS, INVALID_WORKERS, Invalid, queue, task, worker
 
 pytestmark = pytest.mark.integration
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
-CRD_NAMES = ("agenttasks.agentq.dev", "agentworkers.agentq.dev")
+CRD_NAMES = ("agenttasks.agentq.dev", "agentworkers.agentq.dev", "agentqueues.agentq.dev")
 
 
 class Kubectl(Protocol):
@@ -145,6 +146,43 @@ def test_invalid_task_is_refused(cluster: Cluster, case: Invalid) -> None:
 @pytest.mark.parametrize("case", INVALID_WORKERS, ids=[c.id for c in INVALID_WORKERS])
 def test_invalid_worker_is_refused(cluster: Cluster, case: Invalid) -> None:
     _refused(cluster, case, "agentworker")
+
+
+@pytest.mark.parametrize("case", INVALID_QUEUES, ids=[c.id for c in INVALID_QUEUES])
+def test_invalid_queue_is_refused(cluster: Cluster, case: Invalid) -> None:
+    _refused(cluster, case, "agentqueue")
+
+
+def test_a_queue_is_cluster_scoped_with_its_defaults_and_columns(cluster: Cluster) -> None:
+    name = f"{cluster.namespace}-q"
+    manifest = (
+        queue(name)
+        .selects(team="a")
+        .workers_in(cluster.namespace)
+        .set(
+            "spec.namespaceSelector.matchExpressions",
+            [{"key": "tier", "operator": "In", "values": ["gold"]}],
+        )
+        .obj()
+    )
+    cluster.apply(manifest)
+    try:
+        read = cluster.get(f"agentqueue/{name}")
+        assert "namespace" not in read["metadata"]
+        assert read["spec"]["weight"] == 1
+        assert parse_queue(read).spec.admits({"team": "a", "tier": "gold"})
+        assert f"agentqueue.agentq.dev/{name}" in cluster.run("get", "aqueue", "-o", "name").stdout
+        assert f"agentqueue.agentq.dev/{name}" in cluster.run("get", "agentq", "-o", "name").stdout
+        header, row = _table(cluster.run("get", "aqueue", name).stdout)
+        assert header == ["NAME", "WEIGHT", "PARENT", "WORKERS", "PENDING", "INFLIGHT", "AGE"]
+        # (an unset column prints empty: the row has no PARENT, PENDING, INFLIGHT yet)
+        assert row[:3] == [name, "1", cluster.namespace]
+        cluster.patch_status(f"agentqueue/{name}", {"pending": 3, "share": 0.5})
+        assert cluster.get(f"agentqueue/{name}")["status"] == {"pending": 3, "share": 0.5}
+        out = cluster.patch_status(f"agentqueue/{name}", {"share": 1.5}, check=False)
+        assert "status.share" in out
+    finally:
+        cluster.run("delete", f"agentqueue/{name}", "--wait=false")
 
 
 def test_unknown_fields_are_pruned_without_strict_validation(cluster: Cluster) -> None:
@@ -280,6 +318,20 @@ def test_payload_is_immutable_even_when_absent(cluster: Cluster) -> None:
     cluster.apply(task("with-input").payload({"prompt": "a"}).lease(60).obj())
 
 
+def test_queue_is_immutable_even_when_absent(cluster: Cluster) -> None:
+    cluster.apply(task("queued").queue("team-a").obj())
+    cluster.apply(task("unqueued").obj())
+    for changed in (
+        task("queued").queue("team-b"),
+        task("queued"),
+        task("unqueued").queue("team-a"),
+    ):
+        output = cluster.apply(changed.obj(), check=False)
+        assert "spec.queue" in output
+        assert "queue is immutable" in output
+    cluster.apply(task("queued").queue("team-a").priority(3).obj())
+
+
 def test_cel_rules_apply_to_updates_too(cluster: Cluster) -> None:
     cluster.apply(task("later").lease(30).heartbeat(10).obj())
     output = cluster.apply(task("later").lease(9).heartbeat(10).obj(), check=False)
@@ -400,7 +452,7 @@ def _table(output: str) -> list[list[str]]:
 
 
 def test_task_printer_columns(cluster: Cluster) -> None:
-    cluster.apply(task("shown").requires("gpu").cost(3).obj())
+    cluster.apply(task("shown").requires("gpu").cost(3).queue("team-a").obj())
     cluster.patch_status(
         "agenttask/shown",
         AgentTaskStatus(
@@ -419,12 +471,13 @@ def test_task_printer_columns(cluster: Cluster) -> None:
         "RECLAIMS",
         "COST",
         "PRIORITY",
+        "QUEUE",
         "TOKEN",
         "REQUIRES",
         "REASON",
         "AGE",
     ]
-    assert row[:9] == ["shown", "Assigned", "w7", "2", "1", "3", "0", "5", '["gpu"]']
+    assert row[:10] == ["shown", "Assigned", "w7", "2", "1", "3", "0", "team-a", "5", '["gpu"]']
 
 
 def test_worker_printer_columns(cluster: Cluster) -> None:

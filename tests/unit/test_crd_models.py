@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from agentq.models import (
+    AgentQueueSpec,
+    AgentQueueStatus,
     AgentTaskSpec,
     AgentTaskStatus,
     AgentWorkerSpec,
@@ -39,13 +41,14 @@ from agentq.models import (
     TaskError,
     TaskPhase,
     condition_reason,
+    parse_queue,
     parse_task,
     parse_task_spec,
     parse_task_status,
     parse_worker,
     parse_worker_status,
 )
-from builders import INVALID_TASKS, INVALID_WORKERS, Invalid, task, worker
+from builders import INVALID_QUEUES, INVALID_TASKS, INVALID_WORKERS, Invalid, queue, task, worker
 
 pytestmark = pytest.mark.unit
 
@@ -91,6 +94,7 @@ _SCALAR_KEYS = (
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
 )
 
 
@@ -107,7 +111,9 @@ def crd_facts(node: Schema) -> dict[str, Any]:
         facts["set"] = True
     if "default" in node:
         facts["default"] = apply_defaults(node, node["default"])
-    if node.get("type") == "object":
+    if node.get("type") == "object" and "additionalProperties" in node:
+        facts["values"] = crd_facts(node["additionalProperties"])  # a map (matchLabels)
+    elif node.get("type") == "object":
         facts["required"] = sorted(node.get("required", []))
         facts["properties"] = {k: crd_facts(v) for k, v in node.get("properties", {}).items()}
     if node.get("type") == "array":
@@ -133,6 +139,10 @@ def model_facts(node: Schema, defs: dict[str, Schema]) -> dict[str, Any]:
     node = _resolve(node, defs)
     if "type" not in node or "anyOf" in node:
         return {"opaque": "any"}  # JsonValue
+    values = node.get("additionalProperties")
+    if node["type"] == "object" and isinstance(values, dict) and "type" in values:
+        facts = {k: node[k] for k in _SCALAR_KEYS if k in node}
+        return {**facts, "values": model_facts(values, defs)}  # dict[str, str]
     if node["type"] == "object" and "properties" not in node:
         return {"opaque": "object"}  # dict[str, JsonValue]
     facts: dict[str, Any] = {k: node[k] for k in _SCALAR_KEYS if k in node}
@@ -183,6 +193,8 @@ PAIRS: list[tuple[str, str, type[BaseModel]]] = [
     ("agenttasks", "status", AgentTaskStatus),
     ("agentworkers", "spec", AgentWorkerSpec),
     ("agentworkers", "status", AgentWorkerStatus),
+    ("agentqueues", "spec", AgentQueueSpec),
+    ("agentqueues", "status", AgentQueueStatus),
 ]
 
 
@@ -282,7 +294,11 @@ def _is_transition(rule: dict[str, str]) -> bool:
 
 @pytest.mark.parametrize(
     ("plural", "cases"),
-    [("agenttasks", INVALID_TASKS), ("agentworkers", INVALID_WORKERS)],
+    [
+        ("agenttasks", INVALID_TASKS),
+        ("agentworkers", INVALID_WORKERS),
+        ("agentqueues", INVALID_QUEUES),
+    ],
 )
 def test_every_cel_rule_has_an_invalid_case(plural: str, cases: tuple[Invalid, ...]) -> None:
     rules = [r for r in cel_rules(root_schema(plural)) if not _is_transition(r)]
@@ -300,22 +316,33 @@ def test_transition_rules_are_the_immutable_fields() -> None:
     assert sorted(_message(r) for r in rules) == [
         "cost is immutable",
         "payload is immutable",
+        "queue is immutable",
         "requiredCapabilities is immutable",
     ]
     assert not [r for r in cel_rules(root_schema("agentworkers")) if _is_transition(r)]
+    assert not [r for r in cel_rules(root_schema("agentqueues")) if _is_transition(r)]
 
 
 def _all_cases() -> list[tuple[str, Invalid]]:
-    return [("agenttasks", c) for c in INVALID_TASKS] + [
-        ("agentworkers", c) for c in INVALID_WORKERS
-    ]
+    return (
+        [("agenttasks", c) for c in INVALID_TASKS]
+        + [("agentworkers", c) for c in INVALID_WORKERS]
+        + [("agentqueues", c) for c in INVALID_QUEUES]
+    )
+
+
+PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "agenttasks": parse_task,
+    "agentworkers": parse_worker,
+    "agentqueues": parse_queue,
+}
 
 
 @pytest.mark.parametrize(
     ("plural", "case"), _all_cases(), ids=[f"{p}-{c.id}" for p, c in _all_cases()]
 )
 def test_the_models_refuse_what_the_api_server_refuses(plural: str, case: Invalid) -> None:
-    parse = parse_task if plural == "agenttasks" else parse_worker
+    parse = PARSERS[plural]
     if not case.model_refuses:
         parse(case.obj())  # ignored (the API server refuses it: see the integration tests)
         return
@@ -347,6 +374,40 @@ def test_the_models_refuse_what_the_api_server_refuses(plural: str, case: Invali
 def test_model_defaults_are_the_api_server_defaults(manifest: dict[str, Any]) -> None:
     defaulted = apply_defaults(root_schema("agenttasks"), manifest)
     assert parse_task(manifest).spec.to_dict() == defaulted["spec"]
+
+
+def test_queue_defaults() -> None:
+    manifest = queue("q").obj()
+    defaulted = apply_defaults(root_schema("agentqueues"), manifest)
+    assert defaulted["spec"] == {"weight": 1}
+    assert parse_queue(manifest).spec.to_dict() == defaulted["spec"]
+    assert parse_queue(queue("q").unset("spec").obj()).spec == AgentQueueSpec()
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "admitted"),
+    [
+        (None, {"team": "a"}, False),
+        ({}, {}, True),
+        ({"matchLabels": {"team": "a"}}, {"team": "a", "x": "y"}, True),
+        ({"matchLabels": {"team": "a"}}, {"team": "b"}, False),
+        (
+            {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]},
+            {"team": "b"},
+            True,
+        ),
+        ({"matchExpressions": [{"key": "team", "operator": "NotIn", "values": ["a"]}]}, {}, True),
+        ({"matchExpressions": [{"key": "team", "operator": "Exists"}]}, {}, False),
+        ({"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}, {}, True),
+    ],
+)
+def test_a_queue_admits_the_namespaces_its_selector_selects(
+    selector: dict[str, Any] | None, labels: dict[str, str], admitted: bool
+) -> None:
+    spec = queue("q")
+    if selector is not None:
+        spec = spec.set("spec.namespaceSelector", selector)
+    assert parse_queue(spec.obj()).spec.admits(labels) is admitted
 
 
 def test_worker_defaults() -> None:

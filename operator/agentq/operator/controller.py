@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentq.clock import Clock, parse_time
-from agentq.models import TASK_PLURAL, WORKER_PLURAL
+from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import invariants, metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.events import EventSink
@@ -135,6 +135,10 @@ class Controller:
             self.store.observe_task(body, deleted=deleted, size=size)
         elif plural == WORKER_PLURAL:
             self.store.observe_worker(body, deleted=deleted)
+        elif plural == QUEUE_PLURAL:
+            self.store.observe_queue(body, deleted=deleted)
+        elif plural == "namespaces":
+            self.store.observe_namespace(body, deleted=deleted)
         elif plural == "leases":
             now = self.clock.monotonic()
             if not self.store.observe_lease(
@@ -170,6 +174,7 @@ class Controller:
         if self.caught_up:  # a catch-up LIST may still deliver bodies older than a deletion
             self.store.expire_tombstones(now, self._tombstone_seconds)
         self.follower.fire_timers(now)
+        self.follower.refresh_queues()
         if now - self._last_resync >= self.config.resync_interval:
             self._resync(now)  # compared once the changes are applied, then rebuilt
         if self.synced:

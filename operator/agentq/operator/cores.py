@@ -1,4 +1,5 @@
-"""The scheduling cores (one DRR ledger per namespace), kept as the store says they should be.
+"""The scheduling cores (one DRR ledger per namespace, and the queue level above them), kept
+as the store says they should be.
 
 A core holds what cannot be derived -- each worker's credit, served cost, the
 virtual time -- and what can: which workers are in it (every worker whose spec
@@ -10,6 +11,9 @@ follow the records through two functions, the only places that change them:
 - ``sync_load``: a task's hold equal to what its record says -- the worker a
   grant in flight goes to, else the worker its status names while Assigned or
   Running (``wanted_holder``).
+
+``queues`` is the queue level (``tenants.QueueLevel``): which AgentQueue is served
+next, over the namespaces' ledgers.
 
 Cores exist only while leading: a new leader builds them afresh from the store.
 """
@@ -23,6 +27,7 @@ from agentq.claims import Readiness
 from agentq.models import MIN_WEIGHT, TaskPhase
 from agentq.operator.records import TaskRecord, WorkerRecord
 from agentq.operator.store import Store
+from agentq.operator.tenants import QueueLevel
 from agentq.scheduler import Assignment, Scheduler, WorkerSpec
 from agentq.views import Key, WorkerView
 
@@ -64,6 +69,7 @@ class Cores:
         self.store = store
         self.claims = claims  # worker -> the tasks its status-held claims (indexes.claims)
         self.by_namespace: dict[str, Scheduler] = {}
+        self.queues = QueueLevel()
 
     def get(self, namespace: str) -> Scheduler | None:
         return self.by_namespace.get(namespace)
@@ -80,6 +86,7 @@ class Cores:
 
     def clear(self) -> None:
         self.by_namespace.clear()
+        self.queues.clear()
 
     def upsert_worker(self, key: Key, record: WorkerRecord | None) -> list[str]:
         """Make the core agree with the worker's record (None: deleted); returns the

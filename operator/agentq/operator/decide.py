@@ -98,12 +98,14 @@ class Decider:
         decision = claims.decide(task, lease, self._seen(record, lease_record, now), self.policy)
         log.debug("decided %s/%s: %s", *key, decision)
         if decision.transition is None and decision.lease is LeaseOp.KEEP and task.pending:
+            verdict = self.indexes.verdict(key)
             pending = claims.decide_pending(
                 task,
                 self.indexes.missing(task.namespace, task.spec.required_capabilities)
-                if task.problem is None
+                if task.problem is None and verdict is None
                 else None,
                 wall=self.clock.now(),
+                verdict=verdict,
             )
             if pending is not None:
                 decision = Decision(transition=pending, refusal=decision.refusal)

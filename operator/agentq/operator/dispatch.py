@@ -1,9 +1,15 @@
 """Dispatch: the first pending tasks into the DRR core, and each grant it decides.
 
 Each step pops the heads of the pending queues (``queue.PendingQueue``, highest
-``spec.priority`` then oldest first per namespace and capability set) into the
+``spec.priority`` then oldest first per lane and capability set) into the
 scheduling core for as long as workers have room and fewer than ``DISPATCH_BATCH``
-grants are in flight; a capability set no available worker covers is skipped whole. A re-dispatch
+grants are in flight; a capability set no available worker covers is skipped whole.
+Two levels where AgentQueues are used (docs/tenancy.md): the queue level
+(``tenants.QueueLevel``, hierarchical DRR by cost) picks the leaf served next --
+an AgentQueue, or a namespace's tasks without ``spec.queue`` as one implicit
+leaf while queued tasks share its workers -- then its head goes to the
+worker-level core; the leaf is charged at the grant and refunded when the grant
+is not made. A namespace no queue uses is served as before, apart. A re-dispatch
 prefers another worker than the ones its failed attempts ran on (the task's
 avoid set, ``claims.workers_to_avoid``).
 
@@ -38,7 +44,7 @@ from agentq.operator.indexes import Indexes
 from agentq.operator.leases import ClaimLeases
 from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.operator.publish import Publisher
-from agentq.operator.queue import QueueKey
+from agentq.operator.queue import Lane, QueueKey
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
 from agentq.operator.work import (
@@ -50,6 +56,7 @@ from agentq.operator.work import (
     Stats,
 )
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
+from agentq.scheduler.tenancy import Charge
 from agentq.views import TaskView
 
 __all__ = ["Dispatcher"]
@@ -60,6 +67,9 @@ __all__ = ["Dispatcher"]
 DOUBT_SECONDS = 30.0
 
 log = logging.getLogger("agentq.controller")
+
+# What ``Dispatcher._one`` did with a lane.
+_GRANTED, _NONE, _STOP = object(), object(), object()
 
 
 class Dispatcher:
@@ -102,75 +112,145 @@ class Dispatcher:
 
     def dispatch(self) -> None:
         """Pop the first dispatchable heads (priority, then age) into the DRR core while
-        workers have room."""
+        workers have room: first the queue level's turns (the lanes of AgentQueues and of
+        the namespaces whose workers they share), then every other namespace as before."""
+        queue = self.indexes.queue
+        if queue.touched:
+            self.cores.queues.refresh(queue)
         budget = self.batch - len(self.grants)
         if budget <= 0:
             return
-        queue = self.indexes.queue
-        for namespace in queue.namespaces():
-            scheduler = self.cores.get(namespace)
+        lanes = queue.lanes()
+        shared = {lane[0] for lane in lanes if lane[1]}
+        if shared or self.cores.queues.implicit:
+            budget = self._dispatch_queues(budget, shared)
+            if budget <= 0 and self._refill is not None and not self._refill.done():
+                return  # the fencing tokens ran out: wait for the refill
+        for lane in lanes:
+            if budget <= 0:
+                return
+            if lane[1] or lane[0] in shared:
+                continue  # served by the queue level's turns
+            scheduler = self.cores.get(lane[0])
             if scheduler is None:
                 continue
             blocked: set[frozenset[str]] = set()
             while budget > 0:
-                # The first head of all sets: highest priority, then oldest.
-                best: tuple[QueueKey, frozenset[str]] | None = None
-                for required in queue.sets(namespace):
-                    if required in blocked:
-                        continue
-                    head = queue.head(namespace, required)
-                    if head is not None and (best is None or head < best[0]):
-                        best = (head, required)
-                if best is None:
-                    break
-                name, required = best[0][2], best[1]
-                key = (namespace, name)
-                record = self.store.tasks.get(key)
-                if record is not None and record.busy:
-                    # A write about it is in flight (its Unschedulable condition cleared,
-                    # say): it stays at the head and the namespace waits for the next step
-                    # (the write's end makes one). Skipping only its set let a younger task
-                    # of another set take the slot this one was about to get.
-                    break
-                if record is None or not record.view.pending:
-                    # Not grantable after all (the invariants say this never happens):
-                    # off the queue; the record's next change puts it back if it should.
-                    queue.pop(namespace, required)
-                    continue
-                task = record.view
-                if self.tokens.forged(task.status.fencing_token or 0):
-                    queue.pop(namespace, required)  # decided (Failed): not granted
-                    self.agenda.decide(key)
-                    continue
-                token = self.tokens.take(task.status.fencing_token or 0)
-                if token is None:
-                    self._refill_tokens()
+                outcome = self._one(lane, scheduler, blocked, None)
+                if outcome is _GRANTED:
+                    budget -= 1
+                elif outcome is _STOP:
                     return
-                planned = scheduler.plan(
-                    [
-                        TaskSpec(
-                            name=name,
-                            required=required,
-                            cost=task.spec.cost,
-                            # A re-dispatch prefers another worker than the failed ones.
-                            avoid=claims.workers_to_avoid(task.status),
-                        )
-                    ]
-                )
-                if not planned:
-                    blocked.add(required)  # no worker can take this set now: skip it whole
-                    continue
-                queue.pop(namespace, required)
+                else:
+                    break
+
+    def _dispatch_queues(self, budget: int, shared: set[str]) -> int:
+        """The queue level's turns (docs/tenancy.md): pick the leaf the hierarchical DRR
+        serves next, offer its head to the worker-level core of its namespace, charge the
+        leaf on a grant; a leaf whose head no worker can take now (or at its cap, or whose
+        head's write is in flight) is passed over for the rest of the pass."""
+        level = self.cores.queues
+        queue = self.indexes.queue
+        level.share_namespaces(queue, shared)
+        exclude: set[str] = set()
+        blocked: dict[tuple[str, str], set[frozenset[str]]] = {}
+        while budget > 0:
+            level.refresh(queue)
+            leaf = level.tree.pick(frozenset(exclude))
+            if leaf is None:
+                break
+            if level.capped(leaf, self.indexes.queue_claims):
+                exclude.add(leaf)
+                continue
+            lane = level.lane_of(leaf)
+            scheduler = self.cores.get(lane[0])
+            if scheduler is None:
+                exclude.add(leaf)
+                continue
+            outcome = self._one(lane, scheduler, blocked.setdefault(lane, set()), leaf)
+            if outcome is _GRANTED:
                 budget -= 1
-                ticket = self.store.start_write(record, granting=planned[0].worker)
-                self.publisher.mark((namespace, planned[0].worker))
-                # The epoch the decision was made under, not the one of its sending.
-                grant = self.gate.spawn(
-                    self._grant(scheduler, task, planned[0], token, ticket, self.epoch())
-                )
-                # Counted until done, even if cancelled before it ran (leadership lost).
-                self.grants.add(grant)
-                grant.add_done_callback(self.grants.discard)
+            elif outcome is _STOP:
+                budget = 0
+                break
+            else:
+                exclude.add(leaf)
+        level.refresh(queue)
+        return budget
+
+    def _one(
+        self,
+        lane: Lane,
+        scheduler: Scheduler,
+        blocked: set[frozenset[str]],
+        leaf: str | None,
+    ) -> object:
+        """Grant the first head of ``lane`` (over its capability sets not ``blocked``)
+        some worker can take: ``_GRANTED``; ``_NONE`` when none can (or the head's write
+        is in flight: the lane waits for the next step); ``_STOP`` when the fencing tokens
+        ran out. ``leaf``: the queue level's leaf to charge."""
+        queue = self.indexes.queue
+        namespace = lane[0]
+        while True:
+            # The first head of all sets: highest priority, then oldest.
+            best: tuple[QueueKey, frozenset[str]] | None = None
+            for required in queue.sets(lane):
+                if required in blocked:
+                    continue
+                head = queue.head(lane, required)
+                if head is not None and (best is None or head < best[0]):
+                    best = (head, required)
+            if best is None:
+                return _NONE
+            name, required = best[0][2], best[1]
+            key = (namespace, name)
+            record = self.store.tasks.get(key)
+            if record is not None and record.busy:
+                # A write about it is in flight (its Unschedulable condition cleared,
+                # say): it stays at the head and the lane waits for the next step (the
+                # write's end makes one). Skipping only its set let a younger task of
+                # another set take the slot this one was about to get.
+                return _NONE
+            if record is None or not record.view.pending:
+                # Not grantable after all (the invariants say this never happens):
+                # off the queue; the record's next change puts it back if it should.
+                queue.pop(lane, required)
+                continue
+            task = record.view
+            if self.tokens.forged(task.status.fencing_token or 0):
+                queue.pop(lane, required)  # decided (Failed): not granted
+                self.agenda.decide(key)
+                continue
+            token = self.tokens.take(task.status.fencing_token or 0)
+            if token is None:
+                self._refill_tokens()
+                return _STOP
+            planned = scheduler.plan(
+                [
+                    TaskSpec(
+                        name=name,
+                        required=required,
+                        cost=task.spec.cost,
+                        # A re-dispatch prefers another worker than the failed ones.
+                        avoid=claims.workers_to_avoid(task.status),
+                    )
+                ]
+            )
+            if not planned:
+                blocked.add(required)  # no worker can take this set now: skip it whole
+                continue
+            queue.pop(lane, required)
+            charge = None if leaf is None else self.cores.queues.charge(leaf, task.spec.cost)
+            ticket = self.store.start_write(record, granting=planned[0].worker)
+            self.publisher.mark((namespace, planned[0].worker))
+            # The epoch the decision was made under, not the one of its sending.
+            grant = self.gate.spawn(
+                self._grant(scheduler, task, planned[0], token, ticket, self.epoch(), charge)
+            )
+            # Counted until done, even if cancelled before it ran (leadership lost).
+            self.grants.add(grant)
+            grant.add_done_callback(self.grants.discard)
+            return _GRANTED
 
     def _refill_tokens(self) -> None:
         """Reserve the next block of fencing tokens, once at a time. In flight is judged by
@@ -197,10 +277,12 @@ class Dispatcher:
         token: int,
         ticket: int,
         epoch: int | None,
+        charge: Charge | None = None,
     ) -> None:
         key = task.key
         committer = self.committer
         committed = False
+        refund = charge is not None
         try:
             transition = lifecycle.grant(
                 task.status,
@@ -243,6 +325,7 @@ class Dispatcher:
                     record.lost_race_at = task.resource_version
                 return
             committed = True
+            refund = False
             updated = self.store.observe_task(reply.body)
             if updated is None or updated.uid != task.uid:
                 return  # deleted meanwhile (and maybe re-created): no Lease for it
@@ -270,6 +353,7 @@ class Dispatcher:
                 # clears the doubt), or DOUBT_SECONDS later (the timer below).
                 record = self.store.tasks.get(key)
                 if record is not None and record.view.uid == task.uid:
+                    refund = False  # it may have landed: its queue stays charged
                     until = self.clock.monotonic() + DOUBT_SECONDS
                     record.doubt = (assignment.worker, until)
                     self.agenda.at(until, (TIMER_TASK, key))
@@ -279,4 +363,8 @@ class Dispatcher:
             log.warning("grant of %s/%s had an unknown outcome: %s", *key, err)
             self.retries.later(key)
         finally:
+            if charge is not None:
+                # A grant not made (its compare-and-swap lost, refused, not sent) gives
+                # its queue the cost back, as the worker level's abort does.
+                self.cores.queues.ended(charge, refund=refund)
             committer.write_ended(task, None, ticket)

@@ -4,7 +4,8 @@
   that changed since the last step -- a task's queue entry, claim, phase and
   core load; a worker's coverage, place in the core and readiness; a Lease's
   worker readiness, or its task marked for a decision unless the change is a
-  renewal of a healthy claim;
+  renewal of a healthy claim; an AgentQueue's or a namespace's labels: the queue
+  tree, and every task that names a queue judged again;
 - ``fire_timers``: each due timer's subject looked at;
 - ``rebuild``: every index and core from scratch (a new leader, a resync).
 """
@@ -62,14 +63,18 @@ class Follower:
         """Make the indexes, cores and readiness agree with every record that changed."""
         changed = self.store.changed
         while changed:
-            workers, leases, tasks, finished = (
+            workers, leases, tasks, finished, tenancy = (
                 list(changed.workers),
                 list(changed.leases.items()),
                 list(changed.tasks.items()),
                 list(changed.finished.items()),
+                changed.tenancy,
             )
             changed.clear()
             self._finished(finished)
+            if tenancy:
+                self.agenda.dirty.update(self.indexes.sync_tenancy())
+                self.cores.queues.sync(self.indexes.topology, self.indexes.queue)
             for key in workers:
                 self._apply_worker(key)
             ended = dict(finished)
@@ -132,6 +137,12 @@ class Follower:
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
 
+    def refresh_queues(self) -> None:
+        """The queue level's count of each leaf's tasks that may be granted now, for the
+        lanes that changed (dispatch reads them again as it pops)."""
+        if self.indexes.queue.touched:
+            self.cores.queues.refresh(self.indexes.queue)
+
     def fire_timers(self, now: float) -> None:
         for kind, key in self.agenda.timers.pop_due(now):
             if kind == TIMER_TASK:
@@ -158,6 +169,7 @@ class Follower:
         Finished tasks have no record: what was seen of them goes to the cleanup first."""
         self.drop_changes()
         self.indexes.rebuild(self.store)
+        self.cores.queues.sync(self.indexes.topology, self.indexes.queue)
         for namespace in {key[0] for key in self.store.workers}:
             self.cores.of(namespace)
         for key, task in self.store.tasks.items():

@@ -5,8 +5,8 @@ the indexes agree with one record (or with its absence), in O(1) (O(log n) for
 a heap), and ``rebuild`` makes them from scratch. ``agentq.operator.invariants``
 builds them afresh and compares.
 
-- ``queue``: pending tasks per namespace and capability set, highest priority
-  then oldest first; a
+- ``queue``: pending tasks per lane (namespace, AgentQueue) and capability set,
+  highest priority then oldest first; a
   member is *queued* (may be granted now) unless a grant of it is in flight or
   it waits out its retry backoff, a pause after a grant of unknown outcome, or a
   pause after writes refused for good -- each with a timer for its end;
@@ -14,7 +14,11 @@ builds them afresh and compares.
 - ``phases``: tasks by phase (``agentq_tasks``);
 - ``offered``: the capabilities each worker offers, per namespace, and
   ``uncovered``: the verdict "no worker offers these" per capability set with
-  a task waiting (``Unschedulable``).
+  a task waiting (``Unschedulable``);
+- ``topology``, ``held`` and ``queue_claims``: the AgentQueue tree the records
+  describe; the verdict on each pending task whose queue does not admit it (it is
+  no member of ``queue``: ``tenants.judge``); the claims (Assigned/Running) of
+  each queue, as the task statuses say.
 
 The scheduling core's load is kept by ``agentq.operator.cores``.
 """
@@ -31,6 +35,7 @@ from agentq.models import TaskPhase
 from agentq.operator.queue import PendingQueue
 from agentq.operator.records import TaskRecord, WorkerRecord
 from agentq.operator.store import Store
+from agentq.operator.tenants import Topology, Verdict, judge, topology
 from agentq.operator.work import TIMER_BACKOFF, Timers
 from agentq.views import Key, TaskView
 
@@ -41,6 +46,7 @@ __all__ = [
     "deadline_end",
     "grantable_from",
     "phase_name",
+    "verdict_of",
 ]
 
 
@@ -51,6 +57,14 @@ def phase_name(view: TaskView) -> str:
 def claim_worker(view: TaskView) -> str | None:
     """The worker a task's status says holds it (Assigned/Running), if any."""
     return view.status.worker if view.active else None
+
+
+def verdict_of(view: TaskView, topo: Topology, store: Store) -> Verdict | None:
+    """The verdict on a pending task's spec.queue (None: none named, or admitted)."""
+    queue = view.spec.queue
+    if queue is None:
+        return None
+    return judge(view.namespace, queue, topo, store.namespace_labels(view.namespace))
 
 
 def backoff_end(record: TaskRecord, *, now: float, wall: datetime) -> float | None:
@@ -127,15 +141,21 @@ class _Entry:
     phase: str
     claim: str | None  # the worker it counts on in ``claims``
     queue: frozenset[str] | None  # the capability set it is a member of
+    queue_claim: str | None = None  # the AgentQueue it counts on in ``queue_claims``
 
 
 class Indexes:
     """Every index derived from the task and worker records (see the module docstring)."""
 
-    def __init__(self, *, timers: Timers, clock: Clock) -> None:
+    def __init__(self, *, timers: Timers, clock: Clock, store: Store) -> None:
         self.timers = timers
         self.clock = clock
+        self.store = store  # (the namespaces' labels, for the verdicts)
         self.queue = PendingQueue()
+        self.topology = Topology()
+        self.held: dict[Key, Verdict] = {}  # pending tasks their queue does not admit
+        self.naming: set[Key] = set()  # pending tasks that name a queue (judged again)
+        self.queue_claims: Counter[str] = Counter()  # AgentQueue -> its claims
         self.claims: dict[Key, set[str]] = {}  # worker -> the tasks it holds (from status)
         self.phases: Counter[str] = Counter()
         self.offered: dict[str, dict[Key, frozenset[str]]] = {}  # ns -> worker -> capabilities
@@ -148,22 +168,43 @@ class Indexes:
         """Make every task index agree with ``record`` (None: the task is gone)."""
         old = self._entries.pop(key, None)
         new: _Entry | None = None
+        verdict: Verdict | None = None
         if record is not None:
             view = record.view
             member = view.pending and view.problem is None
+            if view.spec.queue is not None:
+                if member:
+                    self.naming.add(key)
+                    verdict = verdict_of(view, self.topology, self.store)
+                    member = verdict is None
+                else:
+                    self.naming.discard(key)
             new = _Entry(
                 phase_name(view),
                 claim_worker(view),
                 view.spec.required_capabilities if member else None,
+                view.spec.queue if view.active else None,
             )
             self._entries[key] = new
             if not view.active:
                 record.grace = None
                 record.progress_written = None
+        else:
+            self.naming.discard(key)
+        if verdict is None:
+            self.held.pop(key, None)
+        else:
+            self.held[key] = verdict
         if old is not None:
             self.phases[old.phase] -= 1
+            if old.queue_claim is not None:
+                self.queue_claims[old.queue_claim] -= 1
+                if not self.queue_claims[old.queue_claim]:
+                    del self.queue_claims[old.queue_claim]
         if new is not None:
             self.phases[new.phase] += 1
+            if new.queue_claim is not None:
+                self.queue_claims[new.queue_claim] += 1
         was = old.claim if old is not None else None
         now_worker = new.claim if new is not None else None
         if was != now_worker:
@@ -189,7 +230,12 @@ class Indexes:
         start = grantable_from(record, now=now, wall=self.clock.now())
         ready = start is not None and start <= now
         self.queue.add(
-            key, new.queue, record.view.created, ready=ready, priority=record.view.spec.priority
+            key,
+            new.queue,
+            record.view.created,
+            ready=ready,
+            priority=record.view.spec.priority,
+            queue=record.view.spec.queue or "",
         )
         if start is not None and not ready:
             self.timers.push(start, (TIMER_BACKOFF, key))
@@ -215,8 +261,25 @@ class Indexes:
             del self.offered[namespace]
         return self._coverage_changed(namespace)
 
+    # -- AgentQueues and the namespaces' labels ------------------------------------------
+
+    def sync_tenancy(self) -> list[Key]:
+        """The queue tree from the AgentQueue records, and every pending task that names a
+        queue judged again; returns those whose verdict changed (to be decided again)."""
+        self.topology = topology(self.store.queues)
+        redecide: list[Key] = []
+        for key in list(self.naming):
+            before = self.held.get(key)
+            self.sync_task(key, self.store.tasks.get(key))
+            if self.held.get(key) != before:
+                redecide.append(key)
+        return redecide
+
+    def verdict(self, key: Key) -> Verdict | None:
+        return self.held.get(key)
+
     def _coverage_changed(self, namespace: str) -> list[Key]:
-        queued = self.queue.sets(namespace)
+        queued = self.queue.required_sets(namespace)
         for key in [k for k in self.uncovered if k[0] == namespace and k[1] not in queued]:
             # No task waits for this set now: judged afresh when one does (``missing``),
             # not from before this change.
@@ -232,7 +295,11 @@ class Indexes:
         if self.uncovered.get((namespace, required), "unknown") == missing:
             return []
         self.uncovered[(namespace, required)] = missing
-        return [(namespace, name) for name in self.queue.members(namespace, required)]
+        return [
+            (namespace, name)
+            for lane in self.queue.lanes_of(namespace)
+            for name in self.queue.members(lane, required)
+        ]
 
     def missing(self, namespace: str, required: frozenset[str]) -> str | None:
         """What no worker of ``namespace`` offers of ``required`` (None: all offered)."""
@@ -245,6 +312,9 @@ class Indexes:
 
     def clear(self) -> None:
         self.queue = PendingQueue()
+        self.held.clear()
+        self.naming.clear()
+        self.queue_claims.clear()
         self.claims.clear()
         self.phases.clear()
         self.offered.clear()
@@ -254,6 +324,7 @@ class Indexes:
     def rebuild(self, store: Store) -> None:
         """Every index from scratch, from the records."""
         self.clear()
+        self.topology = topology(store.queues)
         for key, worker in store.workers.items():
             self.sync_worker(key, worker)
         for key, task in store.tasks.items():

@@ -22,6 +22,7 @@ it. This one does what client-go's reflector does and nothing more:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -48,6 +49,13 @@ class Gone(Exception):
     """The resourceVersion we resume from was compacted: list again."""
 
 
+class Absent(Exception):
+    """An optional resource is not served (its CRD is not installed)."""
+
+
+ABSENT_RETRY_SECONDS = 60.0
+
+
 class Informer:
     def __init__(
         self,
@@ -61,6 +69,7 @@ class Informer:
         label_selector: str | None = None,
         on_heard: Callable[[], None] | None = None,
         keep: Callable[[Body], bool] | None = None,
+        optional: bool = False,
     ) -> None:
         self.client = client
         # Called for every answer from the API server (a page, a watch line, a bookmark):
@@ -75,6 +84,9 @@ class Informer:
         self.label_selector = label_selector
         # Whether to remember the object for a relist's deletions (default: all).
         self.keep: Callable[[Body], bool] = keep or (lambda body: True)
+        # A resource the API server may not serve (its CRD not installed): a LIST answered
+        # 404 counts as an empty list, synced, and is tried again later.
+        self.optional = optional
         self.resource_version = ""
         self.known: dict[tuple[str, str], Body] = {}  # key -> a minimal body (for DELETED)
         self.relists = 0
@@ -99,6 +111,16 @@ class Informer:
                 log.info("watch of %s expired (410); listing again", self.plural)
                 self.resource_version = ""
                 self.relists += 1
+            except Absent:
+                # Nothing to watch (yet): an empty list as far as the controller knows.
+                log.info("%s are not served (CRD not installed?); again later", self.plural)
+                for key in list(self.known):
+                    self._deliver("DELETED", self.known[key], 0)
+                self.on_health(True)
+                self.on_synced()
+                self.resource_version = ""
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), ABSENT_RETRY_SECONDS)
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # connection refused, reset, timeout, 5xx
@@ -122,6 +144,8 @@ class Informer:
                 cont = ""
                 yield None
                 continue
+            if rsp.status == 404 and self.optional:
+                raise Absent()
             if rsp.status != 200:
                 raise RuntimeError(f"LIST {self.plural}: HTTP {rsp.status}: {rsp.raw[:300]!r}")
             listed = views.decode(rsp.raw)

@@ -26,10 +26,17 @@ from datetime import datetime
 from agentq import claims
 from agentq.claims import Readiness
 from agentq.operator.cores import Cores, core_spec, wanted_holder
-from agentq.operator.indexes import Indexes, claim_worker, grantable_from, phase_name
+from agentq.operator.indexes import (
+    Indexes,
+    claim_worker,
+    grantable_from,
+    phase_name,
+    verdict_of,
+)
 from agentq.operator.readiness import DIAGNOSE_SECONDS
 from agentq.operator.records import TaskRecord
 from agentq.operator.store import Store
+from agentq.operator.tenants import IMPLICIT_PREFIX, topology
 from agentq.operator.work import TIMER_BACKOFF, TIMER_PUBLISH, TIMER_TASK, TIMER_WORKER, Agenda
 from agentq.views import Key
 
@@ -67,11 +74,13 @@ def check(
     out: list[Violation] = []
     if store.changed:
         keys = [*store.changed.tasks, *store.changed.workers, *store.changed.leases]
-        out.append(Violation("changes", _name(keys[0]), f"{len(keys)} change(s) not applied"))
+        first = _name(keys[0]) if keys else "AgentQueues"
+        out.append(Violation("changes", first, f"{len(keys)} change(s) not applied"))
     out += _queue(store, indexes, agenda, now, later, wall)
     out += _task_indexes(store, indexes)
     out += _coverage(store, indexes)
     out += _cores(store, cores)
+    out += _queue_level(indexes, cores)
     out += _readiness(store, agenda, now, later)
     out += _task_timers(store, agenda, next_deadline, healthy, later)
     out += _publish(store, agenda, publishing)
@@ -83,10 +92,21 @@ def _queue(
     store: Store, indexes: Indexes, agenda: Agenda, now: float, later: float, wall: datetime
 ) -> list[Violation]:
     out: list[Violation] = []
-    live = {key: (required, queued) for key, required, queued in indexes.queue.items()}
+    live = {key: (required, queued, lane) for key, lane, required, queued in indexes.queue.items()}
+    topo = topology(store.queues)
+    if topo != indexes.topology:
+        out.append(Violation("tenancy", "-", "the queue tree differs from the AgentQueues'"))
+    held = dict(indexes.held)
+    claims_of: Counter[str] = Counter()
     for key, record in store.tasks.items():
         view = record.view
+        if view.active and view.spec.queue is not None:
+            claims_of[view.spec.queue] += 1
         member = view.pending and view.problem is None
+        verdict = verdict_of(view, topo, store) if member else None
+        if held.pop(key, None) != verdict:
+            out.append(Violation("tenancy", _name(key), f"its verdict should be {verdict}"))
+        member = member and verdict is None
         shown = live.pop(key, None)
         if not member:
             if shown is not None:
@@ -99,6 +119,8 @@ def _queue(
             continue
         if shown[0] != required:
             out.append(Violation("queue", _name(key), f"queued under {sorted(shown[0])}"))
+        if shown[2] != (key[0], view.spec.queue or ""):
+            out.append(Violation("queue", _name(key), f"in the lane {shown[2]}"))
         if shown[1] and (start is None or start > later):
             out.append(Violation("queue", _name(key), "queued though it may not be granted"))
         if not shown[1] and start is not None and start <= now:
@@ -111,6 +133,16 @@ def _queue(
                 )
     for key in live:
         out.append(Violation("queue", _name(key), "in the queue but not in the store"))
+    for key in held:
+        out.append(Violation("tenancy", _name(key), "a verdict held for no pending task"))
+    if +indexes.queue_claims != claims_of:
+        out.append(
+            Violation(
+                "tenancy",
+                "-",
+                f"queue claims {dict(indexes.queue_claims)}, the statuses say {dict(claims_of)}",
+            )
+        )
     return out
 
 
@@ -201,6 +233,27 @@ def _cores(store: Store, cores: Cores) -> list[Violation]:
                 )
         for name, holder in holds.items():
             out.append(Violation("cores", f"{namespace}/{name}", f"gone, still loads {holder}"))
+    return out
+
+
+def _queue_level(indexes: Indexes, cores: Cores) -> list[Violation]:
+    """The queue level's tree holds every attached AgentQueue, with its parent and weight,
+    and each one's count of tasks that may be granted now (its lane's)."""
+    out: list[Violation] = []
+    topo, level = indexes.topology, cores.queues
+    tree = level.tree
+    names = set(tree.queues())
+    for name in topo.depth:
+        if name not in names:
+            out.append(Violation("tenancy", name, "an attached AgentQueue not in the tree"))
+            continue
+        pending = tree.queue_state(name).pending
+        want = indexes.queue.queued_count(level.lane_of(name))
+        if pending != want:
+            out.append(Violation("tenancy", name, f"{pending} pending in the tree, {want} queued"))
+    for name in names:
+        if name not in topo.depth and not name.startswith(IMPLICIT_PREFIX):
+            out.append(Violation("tenancy", name, "in the tree, not an attached AgentQueue"))
     return out
 
 

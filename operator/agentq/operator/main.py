@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentq import GROUP, VERSION, kube, protocol
 from agentq.clock import SystemClock
-from agentq.models import TASK_PLURAL, WORKER_PLURAL
+from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
@@ -90,6 +91,43 @@ def _informers(
                     keep=unfinished if plural == TASK_PLURAL else None,
                 )
             )
+    # The first decisions wait for the cluster-scoped lists too (a task naming a queue
+    # is not judged on an empty store).
+    for plural in (QUEUE_PLURAL, "namespaces"):
+        pending.add((plural, None))
+
+    def cluster_synced(plural: str) -> None:
+        pending.discard((plural, None))
+        if not pending:
+            controller.set_synced()
+
+    informers.extend(cluster_informers(client, controller, silence, cluster_synced))
+    return informers
+
+
+def cluster_informers(
+    client: kube.Client,
+    controller: Controller,
+    silence: ApiSilence,
+    on_synced: Callable[[str], None],
+) -> list[Informer]:
+    """Cluster-scoped, whatever namespaces are watched: the AgentQueues, and the
+    namespaces' labels their namespaceSelectors read."""
+    informers = []
+    for plural in (QUEUE_PLURAL, "namespaces"):
+        informers.append(
+            Informer(
+                client,
+                path=_collection(plural, None),
+                plural=plural,
+                on_event=controller.observe,
+                on_synced=functools.partial(on_synced, plural),
+                on_health=lambda ok: None,  # (no claim's expiry depends on them)
+                on_heard=silence.heard,
+                # Without the AgentQueue CRD (an older install), no task can name a queue.
+                optional=plural == QUEUE_PLURAL,
+            )
+        )
     return informers
 
 
@@ -153,6 +191,11 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             controller.catch_up = catch_up
         controller.cleanup.relist = catch_up  # finished tasks over MAX_FINISHED, again
     else:
+        # kopf watches tasks, workers and Leases; the queues are the informer's.
+        for informer in cluster_informers(watch_client, controller, silence, lambda _: None):
+            watchers.append(
+                asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")
+            )
         watchers.append(
             asyncio.create_task(
                 _kopf(
@@ -297,4 +340,6 @@ async def _kopf(
 
 def _collection(plural: str, namespace: str | None) -> str:
     group, version = ("coordination.k8s.io", "v1") if plural == "leases" else (GROUP, VERSION)
+    if plural == "namespaces":
+        group, version = "", "v1"
     return kube.object_path(group, version, namespace, plural)

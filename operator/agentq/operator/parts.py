@@ -79,7 +79,7 @@ def wire(
     carry (None without leader election)."""
     store = Store()
     agenda = Agenda(poke)
-    indexes = Indexes(timers=agenda.timers, clock=clock)
+    indexes = Indexes(timers=agenda.timers, clock=clock, store=store)
     cores = Cores(store, indexes.claims)
     retries = Retries(store, agenda, clock)
     # Time the operator could not watch is given back to every Lease.

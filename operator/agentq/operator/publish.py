@@ -281,21 +281,25 @@ class Publisher:
         metrics.OLDEST_PENDING.clear()
         queue = self.indexes.queue
         pending: dict[str, int] = {}
+        oldest: dict[tuple[str, str], float] = {}
         for namespace in queue.namespaces():
             unschedulable = 0
-            for required, entry in queue.sets(namespace).items():
-                label = ",".join(sorted(required)) or "-"
-                pending[label] = pending.get(label, 0) + len(entry.members)
-                if self.indexes.uncovered.get((namespace, required)):
-                    unschedulable += len(entry.members)
-                head = queue.head(namespace, required)
-                if head is not None:
-                    record = self.store.tasks.get((namespace, head[2]))
-                    if record is not None and record.pending_since is not None:
-                        metrics.OLDEST_PENDING.labels(namespace, label).set(
-                            now - record.pending_since
-                        )
+            for lane in queue.lanes_of(namespace):
+                for required, entry in queue.sets(lane).items():
+                    label = ",".join(sorted(required)) or "-"
+                    pending[label] = pending.get(label, 0) + len(entry.members)
+                    if self.indexes.uncovered.get((namespace, required)):
+                        unschedulable += len(entry.members)
+                    head = queue.head(lane, required)
+                    if head is not None:
+                        record = self.store.tasks.get((namespace, head[2]))
+                        if record is not None and record.pending_since is not None:
+                            age = now - record.pending_since
+                            if age > oldest.get((namespace, label), -1.0):
+                                oldest[(namespace, label)] = age
             metrics.UNSCHEDULABLE.labels(namespace).set(unschedulable)
+        for (namespace, label), age in oldest.items():
+            metrics.OLDEST_PENDING.labels(namespace, label).set(age)
         for label, count in pending.items():
             metrics.PENDING.labels(label).set(count)
 

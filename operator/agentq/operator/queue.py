@@ -1,4 +1,8 @@
-"""Pending tasks per namespace and required-capability set, by priority then age (Kueue's queues).
+"""Pending tasks per lane and required-capability set, by priority then age (Kueue's queues).
+
+A *lane* is ``(namespace, queue)``: the tasks of a namespace without
+``spec.queue`` are its lane ``(namespace, "")``; the tasks admitted to a leaf
+AgentQueue are the lane ``(namespace, queue)`` (``docs/tenancy.md``).
 
 Dispatch pops heads instead of sorting every task: a capability set no available
 worker covers is skipped whole, in O(1) per set. ``members`` are every pending
@@ -6,6 +10,9 @@ task of a set; ``queued`` those that may be granted now, each with a heap entry
 (entries of tasks no longer queued, or queued since under another key -- a
 changed priority -- are dropped lazily). The order is ``spec.priority``
 highest first, then creation time, then name: ``docs/tenancy.md``.
+
+``touched``: the queue lanes whose queued tasks changed since the queue level
+last read their counts (``tenants.QueueLevel.refresh``).
 
 Pure data structure: no I/O, no clock.
 """
@@ -18,15 +25,17 @@ from dataclasses import dataclass, field
 
 from agentq.views import Key
 
-__all__ = ["PendingQueue", "QueueKey"]
+__all__ = ["Lane", "PendingQueue", "QueueKey"]
 
 #: A task's place: (-priority, created, name); the least goes first.
 QueueKey = tuple[int, str, str]
+#: (namespace, AgentQueue name; "" for the namespace's tasks without spec.queue)
+Lane = tuple[str, str]
 
 
 @dataclass
 class _Set:
-    """Pending tasks of one (namespace, capability set)."""
+    """Pending tasks of one (lane, capability set)."""
 
     heap: list[QueueKey] = field(default_factory=list)
     members: set[str] = field(default_factory=set)  # every pending task of the set
@@ -34,62 +43,101 @@ class _Set:
 
 
 class PendingQueue:
-    """Pending tasks, per namespace and capability set: highest priority, then oldest
+    """Pending tasks, per lane and capability set: highest priority, then oldest
     (created, name), first."""
 
     def __init__(self) -> None:
-        self._sets: dict[str, dict[frozenset[str], _Set]] = {}
-        self._where: dict[Key, frozenset[str]] = {}
+        self._sets: dict[Lane, dict[frozenset[str], _Set]] = {}
+        self._where: dict[Key, tuple[Lane, frozenset[str]]] = {}
+        self._lanes_of: dict[str, set[Lane]] = {}  # namespace -> its lanes
+        self.touched: set[Lane] = set()  # queue lanes whose queued tasks changed
 
     def add(
-        self, key: Key, required: frozenset[str], created: str, *, ready: bool, priority: int = 0
+        self,
+        key: Key,
+        required: frozenset[str],
+        created: str,
+        *,
+        ready: bool,
+        priority: int = 0,
+        queue: str = "",
     ) -> None:
         """``key`` is pending; ``ready``: it may be granted now (else it waits, a member)."""
         namespace, name = key
+        lane = (namespace, queue)
         old = self._where.get(key)
-        if old is not None and old != required:
+        if old is not None and old != (lane, required):
             self.remove(key)
-        entry = self._sets.setdefault(namespace, {}).setdefault(required, _Set())
+        sets = self._sets.get(lane)
+        if sets is None:
+            sets = self._sets[lane] = {}
+            self._lanes_of.setdefault(namespace, set()).add(lane)
+        entry = sets.get(required)
+        if entry is None:
+            entry = sets[required] = _Set()
         entry.members.add(name)
-        self._where[key] = required
+        self._where[key] = (lane, required)
         place = (-priority, created, name)
         if not ready:
-            entry.queued.pop(name, None)
+            if entry.queued.pop(name, None) is not None and queue:
+                self.touched.add(lane)
         elif entry.queued.get(name) != place:
             entry.queued[name] = place
             heapq.heappush(entry.heap, place)
+            if queue:
+                self.touched.add(lane)
 
     def remove(self, key: Key) -> None:
         """``key`` is no longer pending (its heap entry is dropped lazily)."""
-        required = self._where.pop(key, None)
-        if required is None:
+        where = self._where.pop(key, None)
+        if where is None:
             return
-        namespace, name = key
-        entry = self._sets[namespace][required]
-        entry.members.discard(name)
-        entry.queued.pop(name, None)
+        lane, required = where
+        sets = self._sets[lane]
+        entry = sets[required]
+        entry.members.discard(key[1])
+        if entry.queued.pop(key[1], None) is not None and lane[1]:
+            self.touched.add(lane)
         if not entry.members:
-            del self._sets[namespace][required]
-            if not self._sets[namespace]:
-                del self._sets[namespace]
+            del sets[required]
+            if not sets:
+                del self._sets[lane]
+                lanes = self._lanes_of[lane[0]]
+                lanes.discard(lane)
+                if not lanes:
+                    del self._lanes_of[lane[0]]
 
     def contains(self, key: Key) -> bool:
         return key in self._where
 
-    def namespaces(self) -> list[str]:
+    def lanes(self) -> list[Lane]:
         return list(self._sets)
 
-    def sets(self, namespace: str) -> dict[frozenset[str], _Set]:
-        return self._sets.get(namespace, {})
+    def namespaces(self) -> list[str]:
+        return list(self._lanes_of)
 
-    def members(self, namespace: str, required: frozenset[str]) -> set[str]:
-        entry = self._sets.get(namespace, {}).get(required)
+    def lanes_of(self, namespace: str) -> set[Lane]:
+        return self._lanes_of.get(namespace, set())
+
+    def sets(self, lane: Lane) -> dict[frozenset[str], _Set]:
+        return self._sets.get(lane, {})
+
+    def required_sets(self, namespace: str) -> set[frozenset[str]]:
+        """The capability sets some pending task of ``namespace`` (any lane) requires."""
+        return {required for lane in self.lanes_of(namespace) for required in self._sets[lane]}
+
+    def members(self, lane: Lane, required: frozenset[str]) -> set[str]:
+        entry = self._sets.get(lane, {}).get(required)
         return entry.members if entry is not None else set()
 
-    def head(self, namespace: str, required: frozenset[str]) -> QueueKey | None:
+    def queued_count(self, lane: Lane) -> int:
+        """How many tasks of ``lane`` may be granted now."""
+        return sum(len(entry.queued) for entry in self._sets.get(lane, {}).values())
+
+    def head(self, lane: Lane, required: frozenset[str]) -> QueueKey | None:
         """The first dispatchable task of the set (its place; the name is last), without
         removing it."""
-        entry = self._sets.get(namespace, {}).get(required)
+        entry = self._sets.get(lane, {}).get(required)
         if entry is None:
             return None
         heap = entry.heap
@@ -102,33 +150,37 @@ class PendingQueue:
             heap = entry.heap
         return heap[0] if heap else None
 
-    def pop(self, namespace: str, required: frozenset[str]) -> None:
+    def pop(self, lane: Lane, required: frozenset[str]) -> None:
         """Take the head of the set off the queue (it stays a member until ``remove``)."""
-        entry = self._sets[namespace][required]
-        if self.head(namespace, required) is None:
+        entry = self._sets[lane][required]
+        if self.head(lane, required) is None:
             return
         name = heapq.heappop(entry.heap)[2]
         entry.queued.pop(name, None)
+        if lane[1]:
+            self.touched.add(lane)
 
     def queued(self, key: Key) -> bool:
         """Whether ``key`` may be granted now (has a live heap entry)."""
-        required = self._where.get(key)
-        if required is None:
+        where = self._where.get(key)
+        if where is None:
             return False
-        return key[1] in self._sets[key[0]][required].queued
+        return key[1] in self._sets[where[0]][where[1]].queued
 
     def unqueue(self, key: Key) -> None:
         """``key`` stays pending but may not be granted now (its heap entry goes lazily)."""
-        required = self._where.get(key)
-        if required is not None:
-            self._sets[key[0]][required].queued.pop(key[1], None)
+        where = self._where.get(key)
+        if where is not None:
+            lane, required = where
+            if self._sets[lane][required].queued.pop(key[1], None) is not None and lane[1]:
+                self.touched.add(lane)
 
-    def items(self) -> Iterator[tuple[Key, frozenset[str], bool]]:
-        """Every member: (key, its capability set, queued)."""
-        for namespace, sets in self._sets.items():
+    def items(self) -> Iterator[tuple[Key, Lane, frozenset[str], bool]]:
+        """Every member: (key, its lane, its capability set, queued)."""
+        for lane, sets in self._sets.items():
             for required, entry in sets.items():
                 for name in entry.members:
-                    yield (namespace, name), required, name in entry.queued
+                    yield (lane[0], name), lane, required, name in entry.queued
 
     def __len__(self) -> int:
         return len(self._where)

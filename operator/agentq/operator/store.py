@@ -33,7 +33,7 @@ from agentq.operator.records import (
     WorkerRecord,
     newer,
 )
-from agentq.views import Key, LeaseView, TaskView
+from agentq.views import Key, LeaseView, QueueView, TaskView
 
 __all__ = ["Changes", "Store", "finished", "renews", "task_lease_key"]
 
@@ -49,6 +49,8 @@ class Changes:
         self.leases: dict[Key, tuple[LeaseView | None, LeaseView | None]] = {}
         # Finished tasks seen (settled: no record kept), or gone (None): for the cleanup.
         self.finished: dict[Key, TaskView | None] = {}
+        # An AgentQueue, or a namespace's labels, changed: every queue verdict judged again.
+        self.tenancy = False
 
     def task(self, key: Key, *, view: bool = True) -> None:
         self.tasks[key] = self.tasks.get(key, False) or view
@@ -58,9 +60,10 @@ class Changes:
         self.leases[key] = (first[0] if first is not None else old, new)
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workers or self.leases or self.finished)
+        return bool(self.tasks or self.workers or self.leases or self.finished or self.tenancy)
 
     def clear(self) -> None:
+        self.tenancy = False
         self.tasks.clear()
         self.workers.clear()
         self.leases.clear()
@@ -68,12 +71,15 @@ class Changes:
 
 
 class Store:
-    """Every AgentTask, AgentWorker and agentq Lease the watches show, one record each."""
+    """Every AgentTask, AgentWorker and agentq Lease the watches show, one record each;
+    every AgentQueue (its view) and every namespace's labels."""
 
     def __init__(self) -> None:
         self.tasks: dict[Key, TaskRecord] = {}
         self.workers: dict[Key, WorkerRecord] = {}
         self.leases: dict[Key, LeaseRecord] = {}
+        self.queues: dict[str, QueueView] = {}  # cluster-scoped: by name
+        self.namespaces: dict[str, tuple[str, dict[str, str]]] = {}  # (resourceVersion, labels)
         self.task_tombstones = Tombstones()
         self.worker_tombstones = Tombstones()
         self.changed = Changes()
@@ -196,6 +202,44 @@ class Store:
         else:
             record.view = view
         self.changed.workers[key] = None
+
+    def observe_queue(self, body: Body, *, deleted: bool = False) -> None:
+        """An AgentQueue as the watch showed it (cluster-scoped: keyed by name)."""
+        name = views.key_of(body)[1]
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        old = self.queues.get(name)
+        if deleted:
+            if old is not None and not newer(old.resource_version, rv):
+                del self.queues[name]
+                self.changed.tenancy = True
+            return
+        if old is not None and not newer(rv, old.resource_version):
+            return
+        view = views.queue_view(body)
+        self.queues[name] = view
+        if old is None or (old.spec, old.problem) != (view.spec, view.problem):
+            self.changed.tenancy = True  # (a status write of ours changes no verdict)
+
+    def observe_namespace(self, body: Body, *, deleted: bool = False) -> None:
+        """A Namespace's labels (an AgentQueue's namespaceSelector reads them)."""
+        name = views.key_of(body)[1]
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        old = self.namespaces.get(name)
+        if deleted:
+            if old is not None and not newer(old[0], rv):
+                del self.namespaces[name]
+                self.changed.tenancy = True
+            return
+        if old is not None and not newer(rv, old[0]):
+            return
+        labels = views.namespace_labels(body)
+        self.namespaces[name] = (rv, labels)
+        if old is None or old[1] != labels:
+            self.changed.tenancy = True
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        known = self.namespaces.get(namespace)
+        return known[1] if known is not None else {}
 
     def observe_lease(self, body: Body, *, deleted: bool, now: float, wall_age: float) -> bool:
         """``now``: our monotonic clock; ``wall_age``: how old the Lease's renewTime is by
