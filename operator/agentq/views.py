@@ -23,7 +23,7 @@ import json
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from agentq import protocol
 from agentq.models import (
     AgentQueueSpec,
+    AgentQueueStatus,
     AgentTaskSpec,
     AgentTaskStatus,
     AgentWorkerSpec,
@@ -379,6 +380,10 @@ class QueueView:
     resource_version: str
     spec: AgentQueueSpec | None  # None: it does not fit the schema (``problem`` says why)
     problem: Problem | None = None
+    # What its status shows (fields that do not fit the schema dropped), and the
+    # generation of its spec: the operator writes the status (``queue_status``).
+    status: AgentQueueStatus = field(default_factory=AgentQueueStatus)
+    generation: int | None = None
 
 
 def queue_view(body: Mapping[str, Any]) -> QueueView:
@@ -392,12 +397,17 @@ def queue_view(body: Mapping[str, Any]) -> QueueView:
         problem = Problem(
             "InvalidSpec", f"spec does not fit the agentq.dev schema: {_describe(err)}"
         )
+    raw_status = body.get("status")
+    status, _ = _lenient(AgentQueueStatus, raw_status if isinstance(raw_status, Mapping) else {})
+    generation = meta.get("generation")
     return QueueView(
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
         spec=spec,
         problem=problem,
+        status=status,
+        generation=generation if isinstance(generation, int) and generation >= 0 else None,
     )
 
 

@@ -116,6 +116,19 @@ class OperatorConfig:
         help="most writes per second of workers' changed counts alone (in flight, served "
         "cost), all together",
     )
+    # AgentQueue status is a report for people too; queues are few (admin-made).
+    queue_status_interval: float = setting(
+        5.0,
+        at_least=0,
+        help="least time between two writes of one AgentQueue's changed counts (s); a "
+        "change of its conditions is written at once",
+    )
+    queue_status_qps: float = setting(
+        5.0,
+        above=0,
+        help="most writes per second of AgentQueue statuses, all together (changed "
+        "conditions first)",
+    )
     # A renewal alone never costs a write.
     progress_status_interval: float = setting(
         10.0,
@@ -229,7 +242,7 @@ class OperatorConfig:
             )
         if not self.api_silence_seconds > 0:
             raise ValueError(f"{env_name('api_silence_seconds')} must be above 0")
-        for name in ("worker_status_qps", "worker_counts_qps"):
+        for name in ("worker_status_qps", "worker_counts_qps", "queue_status_qps"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{env_name(name)} must be above 0 (writes a second)")
         if self.watcher not in ("informer", "kopf"):

@@ -7,7 +7,8 @@ The data path (docs/architecture.md):
       2. fire the timers that are due
       3. decide the dirty tasks (``decide.Decider``) -> writes (``commit.Committer``)
       4. grant pending tasks (``dispatch.Dispatcher``) -> writes
-      5. publish worker status and gauges (``publish.Publisher``)
+      5. publish worker status and gauges (``publish.Publisher``), and AgentQueue
+         status (``queue_status.QueueStatuses``)
     -> the request gate (slots, leadership) -> the ``port.Kube`` -> the API server
 
 Watch callbacks only record; everything else runs in the step, which never
@@ -118,6 +119,7 @@ class Controller:
         self.cores, self.gate, self.blind = parts.cores, parts.gate, parts.blind
         self.events, self.tokens, self.slots = parts.events, parts.tokens, parts.slots
         self.publisher, self.readiness = parts.publisher, parts.readiness
+        self.queue_statuses = parts.queue_statuses
         self.confirmer, self.leases = parts.confirmer, parts.leases
         self.committer, self.decider = parts.committer, parts.decider
         self.dispatcher, self.follower = parts.dispatcher, parts.follower
@@ -181,6 +183,7 @@ class Controller:
             self.decider.decide_dirty()
             self.dispatcher.dispatch()
             self.publisher.publish()
+            self.queue_statuses.publish()
             self.cleanup.run()
         self.publisher.gauges()
         if self.strict:
@@ -282,6 +285,7 @@ class Controller:
         for worker in self.store.workers.values():
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()
+        self.queue_statuses.reset()
         self.cleanup.reset()
         self.cores.clear()
         self.follower.rebuild(urgent=True)

@@ -92,6 +92,7 @@ class Dispatcher:
         stats: Stats,
         batch: int,
         epoch: Callable[[], int | None] = lambda: None,
+        on_granted: Callable[[Charge], None] = lambda charge: None,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -107,6 +108,7 @@ class Dispatcher:
         self.stats = stats
         self.batch = batch  # most grants in flight at once (DISPATCH_BATCH)
         self.epoch = epoch  # the leader's epoch, which each grant carries
+        self.on_granted = on_granted  # a grant charged on a queue was committed
         self.grants: set[asyncio.Task[Any]] = set()  # grants in flight
         self._refill: asyncio.Task[None] | None = None  # the token refill in flight
 
@@ -326,6 +328,8 @@ class Dispatcher:
                 return
             committed = True
             refund = False
+            if charge is not None:
+                self.on_granted(charge)  # the queues' served cost (their status)
             updated = self.store.observe_task(reply.body)
             if updated is None or updated.uid != task.uid:
                 return  # deleted meanwhile (and maybe re-created): no Lease for it

@@ -21,10 +21,18 @@ from agentq.operator.cores import Cores
 from agentq.operator.decide import Decider
 from agentq.operator.indexes import Indexes
 from agentq.operator.publish import Publisher
+from agentq.operator.queue_status import QueueStatuses
 from agentq.operator.readiness import WorkerReadiness
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
-from agentq.operator.work import TIMER_BACKOFF, TIMER_PUBLISH, TIMER_TASK, TIMER_WORKER, Agenda
+from agentq.operator.work import (
+    TIMER_BACKOFF,
+    TIMER_PUBLISH,
+    TIMER_QUEUES,
+    TIMER_TASK,
+    TIMER_WORKER,
+    Agenda,
+)
 from agentq.views import Key, LeaseView, TaskView
 
 __all__ = ["Follower"]
@@ -42,6 +50,7 @@ class Follower:
         agenda: Agenda,
         readiness: WorkerReadiness,
         publisher: Publisher,
+        queue_statuses: QueueStatuses,
         decider: Decider,
         tokens: TokenAllocator,
         cleanup: Cleanup,
@@ -53,6 +62,7 @@ class Follower:
         self.agenda = agenda
         self.readiness = readiness
         self.publisher = publisher
+        self.queue_statuses = queue_statuses
         self.decider = decider
         self.tokens = tokens
         self.cleanup = cleanup
@@ -75,6 +85,7 @@ class Follower:
             if tenancy:
                 self.agenda.dirty.update(self.indexes.sync_tenancy())
                 self.cores.queues.sync(self.indexes.topology, self.indexes.queue)
+                self.queue_statuses.changed()
             for key in workers:
                 self._apply_worker(key)
             ended = dict(finished)
@@ -160,6 +171,8 @@ class Follower:
                 self.indexes.sync_task(key, self.store.tasks.get(key))  # queued if it may be
             elif kind == TIMER_PUBLISH:
                 self.publisher.timer(key, now)
+            elif kind == TIMER_QUEUES:
+                self.queue_statuses.timer()
             elif kind == TIMER_WORKER:
                 self.readiness.evaluate(key)  # renewed since: pushes the timer for the new expiry
 

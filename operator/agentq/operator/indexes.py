@@ -15,10 +15,11 @@ builds them afresh and compares.
 - ``offered``: the capabilities each worker offers, per namespace, and
   ``uncovered``: the verdict "no worker offers these" per capability set with
   a task waiting (``Unschedulable``);
-- ``topology``, ``held`` and ``queue_claims``: the AgentQueue tree the records
-  describe; the verdict on each pending task whose queue does not admit it (it is
-  no member of ``queue``: ``tenants.judge``); the claims (Assigned/Running) of
-  each queue, as the task statuses say.
+- ``topology``, ``held``, ``queue_claims`` and ``queue_pending``: the AgentQueue
+  tree the records describe; the verdict on each pending task whose queue does not
+  admit it (it is no member of ``queue``: ``tenants.judge``); the claims
+  (Assigned/Running) of each queue, as the task statuses say, and its pending
+  tasks, whatever their verdict (both for the queue's status).
 
 The scheduling core's load is kept by ``agentq.operator.cores``.
 """
@@ -142,6 +143,7 @@ class _Entry:
     claim: str | None  # the worker it counts on in ``claims``
     queue: frozenset[str] | None  # the capability set it is a member of
     queue_claim: str | None = None  # the AgentQueue it counts on in ``queue_claims``
+    queue_pending: str | None = None  # the AgentQueue it counts on in ``queue_pending``
 
 
 class Indexes:
@@ -156,6 +158,8 @@ class Indexes:
         self.held: dict[Key, Verdict] = {}  # pending tasks their queue does not admit
         self.naming: set[Key] = set()  # pending tasks that name a queue (judged again)
         self.queue_claims: Counter[str] = Counter()  # AgentQueue -> its claims
+        # AgentQueue -> the pending tasks naming it, whatever their verdict (its status)
+        self.queue_pending: Counter[str] = Counter()
         self.claims: dict[Key, set[str]] = {}  # worker -> the tasks it holds (from status)
         self.phases: Counter[str] = Counter()
         self.offered: dict[str, dict[Key, frozenset[str]]] = {}  # ns -> worker -> capabilities
@@ -184,6 +188,7 @@ class Indexes:
                 claim_worker(view),
                 view.spec.required_capabilities if member else None,
                 view.spec.queue if view.active else None,
+                view.spec.queue if view.pending else None,
             )
             self._entries[key] = new
             if not view.active:
@@ -201,10 +206,16 @@ class Indexes:
                 self.queue_claims[old.queue_claim] -= 1
                 if not self.queue_claims[old.queue_claim]:
                     del self.queue_claims[old.queue_claim]
+            if old.queue_pending is not None:
+                self.queue_pending[old.queue_pending] -= 1
+                if not self.queue_pending[old.queue_pending]:
+                    del self.queue_pending[old.queue_pending]
         if new is not None:
             self.phases[new.phase] += 1
             if new.queue_claim is not None:
                 self.queue_claims[new.queue_claim] += 1
+            if new.queue_pending is not None:
+                self.queue_pending[new.queue_pending] += 1
         was = old.claim if old is not None else None
         now_worker = new.claim if new is not None else None
         if was != now_worker:
@@ -315,6 +326,7 @@ class Indexes:
         self.held.clear()
         self.naming.clear()
         self.queue_claims.clear()
+        self.queue_pending.clear()
         self.claims.clear()
         self.phases.clear()
         self.offered.clear()

@@ -98,10 +98,13 @@ def _queue(
         out.append(Violation("tenancy", "-", "the queue tree differs from the AgentQueues'"))
     held = dict(indexes.held)
     claims_of: Counter[str] = Counter()
+    pending_of: Counter[str] = Counter()
     for key, record in store.tasks.items():
         view = record.view
         if view.active and view.spec.queue is not None:
             claims_of[view.spec.queue] += 1
+        if view.pending and view.spec.queue is not None:
+            pending_of[view.spec.queue] += 1
         member = view.pending and view.problem is None
         verdict = verdict_of(view, topo, store) if member else None
         if held.pop(key, None) != verdict:
@@ -141,6 +144,14 @@ def _queue(
                 "tenancy",
                 "-",
                 f"queue claims {dict(indexes.queue_claims)}, the statuses say {dict(claims_of)}",
+            )
+        )
+    if +indexes.queue_pending != pending_of:
+        out.append(
+            Violation(
+                "tenancy",
+                "-",
+                f"queue pending {dict(indexes.queue_pending)}, the tasks say {dict(pending_of)}",
             )
         )
     return out

@@ -2,7 +2,8 @@
 
 Counters count transitions the leader committed; gauges are kept current by the
 controller's indexes as events arrive (a new leader recomputes them from its
-caches when it takes over). Series of a deleted worker are removed with it.
+caches when it takes over). Series of a deleted worker or AgentQueue are removed with
+it (their label values come from object names: queues are few and admin-made).
 """
 
 from __future__ import annotations
@@ -46,6 +47,28 @@ WORKER_IN_FLIGHT = Gauge(
 )
 WORKER_READY = Gauge(
     "agentq_worker_ready", "1 if the worker's own Lease is fresh.", ["namespace", "worker"]
+)
+QUEUE_PENDING = Gauge(
+    "agentq_queue_pending",
+    "Pending tasks naming the AgentQueue or a queue below it (its status.pending).",
+    ["queue"],
+)
+QUEUE_IN_FLIGHT = Gauge(
+    "agentq_queue_in_flight",
+    "Claimed (Assigned or Running) tasks of the AgentQueue's subtree (its status.inFlight).",
+    ["queue"],
+)
+QUEUE_SERVED_COST = Gauge(
+    "agentq_queue_served_cost",
+    "Cumulative cost granted from the AgentQueue (its subtree), continued across leaders "
+    "from its status.servedCost.",
+    ["queue"],
+)
+QUEUE_SHARE_ERROR = Gauge(
+    "agentq_queue_share_error",
+    "The AgentQueue's share of its siblings' cost granted since this leader started, less "
+    "its weight share (status.share - status.weightShare); absent before any grant.",
+    ["queue"],
 )
 LEADER = Gauge("agentq_leader", "1 while this replica is the leader.")
 LEADER_TRANSITIONS = Counter(
@@ -108,6 +131,13 @@ def forget_worker(namespace: str, worker: str) -> None:
     for gauge in (WORKER_DEFICIT, WORKER_IN_FLIGHT, WORKER_READY):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, worker)
+
+
+def forget_queue(queue: str) -> None:
+    """Drop the series of a deleted AgentQueue."""
+    for gauge in (QUEUE_PENDING, QUEUE_IN_FLIGHT, QUEUE_SERVED_COST, QUEUE_SHARE_ERROR):
+        with contextlib.suppress(KeyError):
+            gauge.remove(queue)
 
 
 def serve(port: int) -> None:

@@ -26,6 +26,7 @@ from agentq.operator.indexes import Indexes
 from agentq.operator.leases import ClaimLeases
 from agentq.operator.port import Kube
 from agentq.operator.publish import Publisher
+from agentq.operator.queue_status import QueueStatuses
 from agentq.operator.readiness import WorkerReadiness
 from agentq.operator.slots import Slots
 from agentq.operator.store import Store
@@ -48,6 +49,7 @@ class Parts:
     events: EventSink
     tokens: TokenAllocator
     publisher: Publisher
+    queue_statuses: QueueStatuses
     readiness: WorkerReadiness
     confirmer: ExpiryConfirmer
     leases: ClaimLeases
@@ -128,6 +130,16 @@ def wire(
         stats=stats,
         finished=cleanup.phases,
     )
+    queue_statuses = QueueStatuses(
+        store=store,
+        indexes=indexes,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        config=config,
+        stats=stats,
+    )
     readiness = WorkerReadiness(
         store=store,
         cores=cores,
@@ -195,6 +207,7 @@ def wire(
         stats=stats,
         batch=config.dispatch_batch,
         epoch=epoch,
+        on_granted=queue_statuses.granted,
     )
     follower = Follower(
         store=store,
@@ -203,6 +216,7 @@ def wire(
         agenda=agenda,
         readiness=readiness,
         publisher=publisher,
+        queue_statuses=queue_statuses,
         decider=decider,
         tokens=tokens,
         cleanup=cleanup,
@@ -220,6 +234,7 @@ def wire(
         events=events,
         tokens=tokens,
         publisher=publisher,
+        queue_statuses=queue_statuses,
         readiness=readiness,
         confirmer=confirmer,
         leases=leases,

@@ -73,7 +73,8 @@ class Kube(Protocol):
         self, plural: str, namespace: str, name: str, resource_version: str | None, patch: Body
     ) -> Reply:
         """JSON-merge ``patch`` into the object's status; a CAS when ``resource_version``
-        is given. OK carries the updated object."""
+        is given. ``namespace`` "": a cluster-scoped object (an AgentQueue). OK carries
+        the updated object."""
         ...
 
     async def create_lease(self, namespace: str, body: Body) -> Reply:
@@ -117,8 +118,9 @@ class Kube(Protocol):
 
 
 def object_path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:
+    """The path of an object (or of its collection); ``namespace`` "": cluster-scoped."""
     base = "/api/v1" if not group else f"/apis/{group}/{version}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
+    path = f"{base}/namespaces/{namespace}/{plural}" if namespace else f"{base}/{plural}"
     return f"{path}/{name}" if name else path
 
 

@@ -2,7 +2,8 @@
 
 - ``Topology``: the queue tree as the AgentQueue records say -- each readable
   queue's spec, its children, whether it is attached (every ancestor exists, no
-  cycle) and why not. Rebuilt whenever a queue changes (queues are few, and
+  cycle) and why not (``ParentNotFound``, ``Cycle``: the reason of the queue's
+  ``Attached`` condition). Rebuilt whenever a queue changes (queues are few, and
   change rarely).
 - ``judge``: a pending task's verdict on the queue it names (``docs/tenancy.md``):
   None (admitted: it waits in the lane ``(namespace, queue)``) or why it may not
@@ -33,8 +34,10 @@ from agentq.views import QueueView
 
 __all__ = [
     "CROSS_NAMESPACE",
+    "CYCLE",
     "IMPLICIT_PREFIX",
     "NO_WORKER_NAMESPACE",
+    "PARENT_NOT_FOUND",
     "QUEUE_FORBIDDEN",
     "QUEUE_NOT_ATTACHED",
     "QUEUE_NOT_FOUND",
@@ -53,6 +56,10 @@ QUEUE_NOT_ATTACHED = "QueueNotAttached"
 NO_WORKER_NAMESPACE = "NoWorkerNamespace"
 CROSS_NAMESPACE = "CrossNamespaceNotSupported"
 
+# Why a queue is detached (its Attached condition's reason).
+PARENT_NOT_FOUND = "ParentNotFound"
+CYCLE = "Cycle"
+
 #: The implicit leaf of a namespace's tasks without spec.queue ("/" is in no queue name).
 IMPLICIT_PREFIX = "namespace/"
 
@@ -68,6 +75,9 @@ class Topology:
     children: Mapping[str, frozenset[str]] = field(default_factory=dict)
     depth: Mapping[str, int] = field(default_factory=dict)  # attached queues: 0 top level
     detached: Mapping[str, str] = field(default_factory=dict)  # queue -> why
+    # queue -> PARENT_NOT_FOUND or CYCLE (of the queue whose parent is missing, or the
+    # cycle, above it)
+    detached_reason: Mapping[str, str] = field(default_factory=dict)
 
     def ancestors(self, name: str) -> list[str]:
         """``name`` and its ancestors, leaf first (an attached queue's path)."""
@@ -100,29 +110,33 @@ def topology(queues: Mapping[str, QueueView]) -> Topology:
             children.setdefault(spec.parent, set()).add(name)
     depth: dict[str, int] = {}
     detached: dict[str, str] = {}
+    reasons: dict[str, str] = {}
     for start in sorted(specs):
         path: list[str] = []
         node: str | None = start
-        base, why = -1, ""
+        base, why, reason = -1, "", ""
         while node is not None:
             if node in depth:
                 base = depth[node]
                 break
             if node in detached:
-                why = detached[node]
+                why, reason = detached[node], reasons[node]
                 break
             if node in path:
                 why = f"its parents form a cycle ({' -> '.join([*path[path.index(node) :], node])})"
+                reason = CYCLE
                 break
             path.append(node)
             parent = specs[node].parent
             if parent is not None and parent not in specs:
                 why = f"its ancestor AgentQueue {parent} does not exist"
+                reason = PARENT_NOT_FOUND
                 break
             node = parent
         for i, name in enumerate(reversed(path)):
             if why:
                 detached[name] = why
+                reasons[name] = reason
             else:
                 depth[name] = base + 1 + i
     return Topology(
@@ -130,6 +144,7 @@ def topology(queues: Mapping[str, QueueView]) -> Topology:
         children={name: frozenset(kids) for name, kids in children.items()},
         depth=depth,
         detached=detached,
+        detached_reason=reasons,
     )
 
 

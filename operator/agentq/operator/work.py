@@ -4,7 +4,7 @@
   marked than a step may decide (500 claims expiring in the same second), the
   earliest expiry is decided first instead of an arbitrary one.
 - ``Timers``: one heap of deadlines (lease expiry, grace end, retry backoff,
-  progress deadline, worker-Lease staleness, deferred worker status) with one
+  progress deadline, worker-Lease staleness, deferred worker and queue status) with one
   live entry per subject, the earliest: a renewal costs no heap operation; when
   an entry fires, the caller checks the current deadline and pushes a new entry
   if it moved. Timers are kept only while leading (a new leader pushes them all
@@ -34,6 +34,7 @@ __all__ = [
     "RETRY_SECONDS",
     "TIMER_BACKOFF",
     "TIMER_PUBLISH",
+    "TIMER_QUEUES",
     "TIMER_TASK",
     "TIMER_WORKER",
     "UNWRITABLE_SECONDS",
@@ -51,6 +52,7 @@ TIMER_TASK = "task"  # a task's claim (lease expiry, grace, progress), or a retr
 TIMER_BACKOFF = "backoff"  # a pending task may be granted again (backoff or pause over)
 TIMER_WORKER = "worker"  # a worker Lease may have gone stale, or may be read again
 TIMER_PUBLISH = "publish"  # worker status deferred by its interval or the rate limit
+TIMER_QUEUES = "queues"  # AgentQueue statuses looked at again (one subject for them all)
 
 
 class Dirty:
@@ -156,6 +158,7 @@ class Stats:
     refused: int = 0  # requests the API server refused (401/403): our RBAC, not the object
     deposed: int = 0  # grants refused for an old leader epoch (another replica leads)
     worker_status_writes: int = 0
+    queue_status_writes: int = 0
     stalls: int = 0
     stalled_seconds: float = 0.0
     api_silences: int = 0

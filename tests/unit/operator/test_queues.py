@@ -214,7 +214,7 @@ async def test_a_lost_grant_is_refunded_to_its_queue() -> None:
     await pool(h, slots=1)
     h.queue(queue("qa").selects(team="a").workers_in(NS))
     h.task(task("qa-000").requires("llm").queue("qa"))
-    h.kube.inject("patch_status", Status.CONFLICT)
+    h.kube.inject("patch_status", Status.CONFLICT, when=lambda a: a[0] == "agenttasks")
     await h.settle()
     level = h.controller.cores.queues
     # The grant lost its compare-and-swap: charged, then refunded; the task waits for
@@ -244,4 +244,8 @@ async def test_the_invariants_catch_a_wrong_verdict_or_queue_claim() -> None:
     del c.indexes.held[(NS, "held")]
     c.indexes.sync_task((NS, "held"), c.store.tasks[(NS, "held")])
     c.indexes.queue_claims["qa"] += 1
+    assert [v.index for v in c.check_invariants()] == ["tenancy"]
+    c.indexes.queue_claims["qa"] -= 1
+    assert not c.check_invariants()
+    c.indexes.queue_pending["qa"] += 1
     assert [v.index for v in c.check_invariants()] == ["tenancy"]
