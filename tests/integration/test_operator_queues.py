@@ -1,10 +1,12 @@
 """AgentQueues on the real API server, with real sidecars and agents (docs/tenancy.md):
 two team queues of equal weight share one pool; team B, arriving late behind a long
-backlog of team A's, gets its share of the completions at once."""
+backlog of team A's, gets its share of the completions at once; a queue's status follows
+its tasks."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -94,3 +96,63 @@ def test_a_late_team_queue_gets_its_share_of_completions_at_once(
         if t["metadata"]["name"].startswith("a-") and (_token(t) > b_tokens[-1] or not _token(t))
     ]
     assert a_left, "team A ran out of work: the window was not a shared backlog"
+
+
+def _queue_status(
+    fleet: Fleet, name: str, predicate: Callable[[dict[str, Any]], bool], timeout: float = 60
+) -> dict[str, Any]:
+    """The AgentQueue's status once ``predicate`` holds, read back from the API server."""
+    deadline = time.monotonic() + timeout
+    while True:
+        body = fleet.custom.get_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
+        status: dict[str, Any] = body.get("status") or {}
+        if predicate(status):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"AgentQueue {name}: not reached in {timeout}s: {status}")
+        time.sleep(0.2)
+
+
+def _condition(status: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    for c in status.get("conditions") or []:
+        if c["type"] == kind:
+            return c["status"], c["reason"]
+    return None
+
+
+def test_a_queues_status_follows_its_tasks(fleet: Fleet, queues: list[str]) -> None:
+    qa, _ = queues
+    orphan = f"{fleet.namespace}-orphan"
+    body = queue(orphan).parent(f"{fleet.namespace}-gone").workers_in(fleet.namespace).obj()
+    fleet.custom.create_cluster_custom_object(GROUP, VERSION, "agentqueues", body)
+    try:
+        fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(2))
+        fleet.agent("pool", "complete", work_seconds=5)
+        fleet.operator(env={"AGENTQ_QUEUE_STATUS_INTERVAL": "1"})
+        for i in range(6):
+            fleet.add_task(task(f"a-{i}").requires("llm").queue(qa).cost(2))
+        # While the first two run: two in flight, four pending, what was granted served.
+        running = _queue_status(
+            fleet, qa, lambda s: s.get("inFlight") == 2 and s.get("pending") == 4
+        )
+        assert running["servedCost"] == 4
+        assert _condition(running, "Attached") == ("True", "Attached")
+        assert _condition(running, "Ready") == ("True", "Ready")
+        # Siblings: every top-level queue of the cluster (other tests' too).
+        assert 0 < running["weightShare"] <= 0.5
+        assert 0 < running["share"] <= 1
+        fleet.wait_all(
+            lambda items: all((t.get("status") or {}).get("phase") == "Succeeded" for t in items),
+            timeout=120,
+        )
+        done = _queue_status(
+            fleet,
+            qa,
+            lambda s: s.get("inFlight") == 0 and s.get("pending") == 0,
+        )
+        assert done["servedCost"] == 12
+        detached = _queue_status(fleet, orphan, lambda s: bool(s.get("conditions")))
+        assert _condition(detached, "Attached") == ("False", "ParentNotFound")
+        assert _condition(detached, "Ready") == ("False", "NotAttached")
+    finally:
+        fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", orphan)
