@@ -12,7 +12,8 @@ visibility timeout, and prints one line per figure (``--json`` for the raw numbe
 3. long task: 30 s of work under a 10 s lease; attempts
 4. poison task: an agent that fails every attempt; attempts, and where it ends
 5. tenants: 900 tasks of tenant A, then 100 of tenant B, one shared pool; B's share of
-   the first 100 completions
+   the first 100 completions (``tenants_queues``: the same, each tenant's tasks naming
+   its own AgentQueue of weight 1)
 6. throughput: no-op tasks completed per second
 
 The machine is shared and small: figures are for this run, with the command.
@@ -34,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from agentq import GROUP, VERSION
 from agentq.demo import Demo
 from agentq.ops.render import console
 
@@ -170,36 +172,79 @@ def poison(kubeconfig: str, workdir: Path) -> dict[str, Any]:
         s.close()
 
 
-def tenants(kubeconfig: str, workdir: Path, first: int = 900, second: int = 100) -> dict[str, Any]:
-    s = Scenario(kubeconfig, workdir, "tenants")
+def tenants(
+    kubeconfig: str, workdir: Path, first: int = 900, second: int = 100, queues: bool = False
+) -> dict[str, Any]:
+    """Tenant A's ``first`` tasks, then B's ``second``, on one pool of 4 workers x 25
+    slots. ``queues``: each tenant's tasks name its own AgentQueue (weights 1:1, the pool
+    in the tasks' namespace, docs/tenancy.md); without, one namespace's oldest first."""
+    s = Scenario(kubeconfig, workdir, "tenants-q" if queues else "tenants")
+    made: list[str] = []
     try:
         d = s.demo
+        spec: dict[str, dict[str, Any]] = {"a": {}, "b": {}}
+        if queues:
+            for tenant in spec:
+                name = f"{d.namespace}-{tenant}"
+                d.custom.create_cluster_custom_object(
+                    GROUP,
+                    VERSION,
+                    "agentqueues",
+                    {
+                        "apiVersion": f"{GROUP}/{VERSION}",
+                        "kind": "AgentQueue",
+                        "metadata": {"name": name},
+                        "spec": {
+                            "weight": 1,
+                            "namespaceSelector": {
+                                "matchLabels": {"kubernetes.io/metadata.name": d.namespace}
+                            },
+                            "workerNamespace": d.namespace,
+                        },
+                    },
+                )
+                made.append(name)
+                spec[tenant] = {"queue": name}
         for i in range(4):
             d.worker(f"w{i}", ["llm"], 1, 25)
             d.start_agent(f"w{i}", "complete", work_seconds=0.1)
         d.start_operator()
         for i in range(first):
-            d.task(f"a-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE)
+            d.task(f"a-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE, **spec["a"])
         for i in range(second):
-            d.task(f"b-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE)
+            d.task(f"b-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE, **spec["b"])
         _wait(
             "all done",
             lambda: all(_phase(t) == "Succeeded" for t in d.cluster.tasks(d.namespace)),
             1800,
         )
+        # finishedAt has whole seconds: within one, the order of the grants (tokens).
         done = sorted(
             d.cluster.tasks(d.namespace),
-            key=lambda t: (t["status"]["finishedAt"], t["metadata"]["name"]),
+            key=lambda t: (t["status"]["finishedAt"], int(t["status"].get("fencingToken") or 0)),
         )
-        first_done = done[:second]
+        b_created = min(
+            t["metadata"]["creationTimestamp"]
+            for t in done
+            if t["metadata"]["name"].startswith("b-")
+        )
+        # B's share of the first completions after its first task was created.
+        after = [t for t in done if t["status"]["finishedAt"] > b_created][:second]
         return {
+            "queues": queues,
             "tenant_b_of_first_completions": sum(
-                1 for t in first_done if t["metadata"]["name"].startswith("b-")
+                1 for t in done[:second] if t["metadata"]["name"].startswith("b-")
             ),
             "first_completions": second,
+            "tenant_b_of_completions_after_b_arrived": sum(
+                1 for t in after if t["metadata"]["name"].startswith("b-")
+            ),
+            "completions_after_b_arrived": len(after),
         }
     finally:
         s.close()
+        for name in made:
+            s.demo.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
 
 
 def throughput(kubeconfig: str, workdir: Path, count: int = 400) -> dict[str, Any]:
@@ -271,6 +316,7 @@ def main() -> None:
         "long_task": lambda: long_task(args.kubeconfig, workdir),
         "poison": lambda: poison(args.kubeconfig, workdir),
         "tenants": lambda: tenants(args.kubeconfig, workdir),
+        "tenants_queues": lambda: tenants(args.kubeconfig, workdir, queues=True),
         "throughput": lambda: throughput(args.kubeconfig, workdir),
     }
     results = {}
