@@ -1,4 +1,4 @@
-"""Realistic AgentTask / AgentWorker / Event dicts for the ops unit tests.
+"""Realistic AgentTask / AgentWorker / AgentQueue / Event dicts for the ops unit tests.
 
 Statuses are produced by the operator's own state machine (``agentq.lifecycle``),
 applied as the merge patches the operator writes, so a change in what the
@@ -84,6 +84,68 @@ def worker(
         },
         "status": status,
     }
+
+
+def agent_queue(
+    name: str,
+    *,
+    parent: str | None = None,
+    weight: float = 1,
+    max_in_flight: int | None = None,
+    pending: int = 0,
+    in_flight: int = 0,
+    served: float = 0,
+    share: float | None = None,
+    weight_share: float | None = 1.0,
+    ready: str = "True",  # or the reason of Ready False
+) -> dict[str, Any]:
+    """An AgentQueue (cluster-scoped) with the status the operator writes
+    (``operator/queue_status.py``)."""
+    spec: dict[str, Any] = {
+        "weight": weight,
+        "namespaceSelector": {},
+        "workerNamespace": NS,
+    }
+    if parent is not None:
+        spec["parent"] = parent
+    if max_in_flight is not None:
+        spec["maxInFlight"] = max_in_flight
+    status: dict[str, Any] = {"pending": pending, "inFlight": in_flight, "servedCost": served}
+    if share is not None:
+        status["share"] = share
+    if weight_share is not None:
+        status["weightShare"] = weight_share
+    status["conditions"] = [
+        {
+            "type": "Ready",
+            "status": "True" if ready == "True" else "False",
+            "reason": "Ready" if ready == "True" else ready,
+            "message": "",
+            "lastTransitionTime": rfc3339(at(-300)),
+        }
+    ]
+    return {
+        "apiVersion": "agentq.dev/v1alpha1",
+        "kind": "AgentQueue",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec,
+        "status": status,
+    }
+
+
+def queued(verdict: tuple[str, str] | None, queue: str = "team-a") -> dict[str, Any]:
+    """A Pending task's status after the operator's verdict on its queue: ``Queued:
+    False`` with the verdict's (reason, message), or (None) ``Queued: True`` as written
+    when a queue admits a task it had refused."""
+    status = parse_task_status({"phase": "Pending", "attempt": 0, "reclaims": 0})
+    if verdict is None:
+        refused = lifecycle.not_queued(status, reason="QueueNotFound", message="", now=at(-90))
+        status = refused.apply(status)
+        step = lifecycle.queued(status, message=f"AgentQueue {queue} admits it", now=at(-60))
+    else:
+        reason, message = verdict
+        step = lifecycle.not_queued(status, reason=reason, message=message, now=at(-60))
+    return step.apply(status).to_dict()
 
 
 def event(reason: str, message: str, when: float, *, kind: str = "Normal", count: int = 1) -> dict:

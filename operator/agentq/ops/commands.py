@@ -149,13 +149,28 @@ def explain(
     events = cluster.events_of(body)
     phase = (body.get("status") or {}).get("phase")
     lease = cluster.task_lease(body) if phase in ("Assigned", "Running", "Held") else None
-    ahead = None
+    ahead, place, queues = None, None, None
+    named_queue = bool((body.get("spec") or {}).get("queue"))
     if phase in (None, "Pending"):
         views = explaining.parse_workers(workers)
-        ahead = explaining.pending_ahead(body, cluster.tasks(ns), views)
+        listed = cluster.tasks(ns)
+        try:
+            ahead = explaining.pending_ahead(body, listed, views)
+            place = explaining.queue_place(body, listed)
+        except ModelError:
+            pass  # explain() below says the task cannot be read
+        if named_queue:
+            queues = cluster.queues()  # None: forbidden; explain says what it cannot show
     try:
         result = explaining.explain(
-            body, workers=workers, events=events, lease=lease, now=_now(), pending_ahead=ahead
+            body,
+            workers=workers,
+            events=events,
+            lease=lease,
+            now=_now(),
+            pending_ahead=ahead,
+            queue_place=place,
+            queues=queues,
         )
     except ModelError as err:
         raise OpsError(f"agenttask {task!r} cannot be read: {err}") from err
@@ -168,10 +183,15 @@ def explain(
 # --- top ------------------------------------------------------------------------------------
 
 
-def _snapshot(cluster: Cluster, all_namespaces: bool) -> tuple[list[Body], list[Body]]:
+def _snapshot(
+    cluster: Cluster, all_namespaces: bool
+) -> tuple[list[Body], list[Body], list[Body] | None]:
+    """Tasks, workers, and the AgentQueues (cluster-scoped: the same whatever -n; None
+    when listing them is forbidden)."""
     return (
         cluster.tasks(all_namespaces=all_namespaces),
         cluster.workers(all_namespaces=all_namespaces),
+        cluster.queues(),
     )
 
 
@@ -202,11 +222,15 @@ def top(
     """The fleet live: each worker's share of the served cost against its share of the
     weight, deficit, in flight / maxInFlight and readiness; the queue per required
     capability set (pending, in backoff, oldest, workers that could take it, free
-    slots); tasks per phase.
+    slots); tasks per phase; and, when AgentQueues exist, each queue's weight share,
+    share, pending, in flight / maxInFlight, served cost and, in the live view, an
+    estimated wait.
 
     WEIGHT SHARE is the worker's weight over the Ready workers' total; SERVED SHARE
     its part of all cost served so far; LAST MINUTE (live view) its part of the cost
     served in the last minute, which tracks WEIGHT SHARE while every worker is busy.
+    A queue's EST. WAIT is its pending tasks' cost over the cost it was served per
+    second in the last minute (live view only: it needs two samples).
     Ctrl-C leaves the live view.
 
     \b
@@ -215,23 +239,32 @@ def top(
       agentq top -o json | jq '.workers[] | {name, servedShare, weightShare}'
     """
     cluster = connect(kubeconfig, context, namespace)
-    tasks, workers = _snapshot(cluster, all_namespaces)
+    tasks, workers, queues = _snapshot(cluster, all_namespaces)
     if output != "text":
-        render.emit(fleet.build(tasks, workers, now=_now()).to_dict(), output)
+        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues)
+        render.emit(view.to_dict(), output)
         return
     out = render.console()
     if once or not out.is_terminal:
-        out.print(
-            render.fleet(fleet.build(tasks, workers, now=_now()), show_namespace=all_namespaces)
-        )
+        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues)
+        out.print(render.fleet(view, show_namespace=all_namespaces))
         return
     window = fleet.ShareWindow(60.0)
     window.add_workers(time.monotonic(), workers)
+    rates = fleet.RateWindow(60.0)
+    rates.add(time.monotonic(), queues or ())
     where = "all namespaces" if all_namespaces else f"namespace {cluster.namespace}"
     trouble = ""
 
     def frame() -> RenderableType:
-        view = fleet.build(tasks, workers, now=_now(), recent=window.shares())
+        view = fleet.build(
+            tasks,
+            workers,
+            now=_now(),
+            recent=window.shares(),
+            agent_queues=queues,
+            queue_rates=rates.rates(),
+        )
         title = Text.assemble(
             (f"agentq top · {where} · {cluster.server}", "bold"),
             f" · every {interval:g}s · Ctrl-C to quit",
@@ -244,8 +277,9 @@ def top(
             with Live(frame(), console=out, refresh_per_second=4, screen=False) as live:
                 while not quit_asked.wait(interval):
                     try:
-                        tasks, workers = _snapshot(cluster, all_namespaces)
+                        tasks, workers, queues = _snapshot(cluster, all_namespaces)
                         window.add_workers(time.monotonic(), workers)
+                        rates.add(time.monotonic(), queues or ())
                         trouble = ""
                     except OpsError as err:  # keep the last view; say why it is stale
                         trouble = f"stale: {err}"

@@ -27,7 +27,23 @@ Finding codes (stable; ``-o json`` shows them):
 ``Succeeded``             done
 ``RequeueRequested``      ``agentq requeue`` asked; the operator has not honoured it yet
 ``ReportsRefused``        reports from stale holders (zombies) were refused
+``InQueue``               Pending in its AgentQueue: its position there, by priority then age
+``QueueAtCap``            its AgentQueue (or an ancestor) holds its ``maxInFlight`` claims
+``QueueOverShare``        its AgentQueue (or an ancestor) was granted more than its weight share
+``QueueNotFound``         ``Queued: False``: the AgentQueue it names does not exist
+``QueueForbidden``        ``Queued: False``: the queue's namespaceSelector leaves its namespace out
+``QueueNotLeaf``          ``Queued: False``: the queue has child queues; only leaves hold tasks
+``QueueNotAttached``      ``Queued: False``: the queue's parent is missing, or its parents cycle
+``NoWorkerNamespace``     ``Queued: False``: the queue names no workerNamespace
+``CrossNamespace...``     ``Queued: False``: the queue's workers are in another namespace
+``NotQueued``             ``Queued: False`` for a reason this CLI does not know
 ========================  ===========================================================
+
+A task that names an AgentQueue (``spec.queue``) and is not admitted by it is
+judged by its ``Queued`` condition only (the operator places it in no pending
+queue, so neither are workers looked at); one that is admitted gets its place
+in the queue, the queue's cap and share (from the AgentQueues' status), then
+the same placement as any task.
 """
 
 from __future__ import annotations
@@ -35,19 +51,22 @@ from __future__ import annotations
 import datetime
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from agentq import protocol
+from agentq import lifecycle, protocol
 from agentq.clock import parse_time, rfc3339
 from agentq.models import (
     REQUEUABLE_PHASES,
+    AgentQueue,
     AgentTask,
     AgentWorker,
     AttemptOutcome,
+    ConditionStatus,
     ModelError,
     TaskPhase,
+    parse_queue,
     parse_task,
     parse_worker,
 )
@@ -122,6 +141,15 @@ class EventLine:
 
 
 @dataclass(frozen=True)
+class QueuePlace:
+    """A queued task's place among the admitted Pending tasks of its AgentQueue that the
+    CLI listed: ``position`` 1 is next (by priority, then age), of ``pending``."""
+
+    position: int
+    pending: int
+
+
+@dataclass(frozen=True)
 class Explanation:
     namespace: str
     name: str
@@ -138,6 +166,8 @@ class Explanation:
     events: tuple[EventLine, ...]
     now: datetime.datetime
     history_truncated: bool = False
+    queue: str | None = None  # spec.queue
+    queue_place: QueuePlace | None = None  # where it stands there (admitted, Pending)
 
     @property
     def codes(self) -> list[str]:
@@ -155,6 +185,9 @@ class Explanation:
             "fencingToken": self.fencing_token,
             "requiredCapabilities": list(self.required),
             "cost": self.cost,
+            "queue": self.queue,
+            "queuePosition": self.queue_place.position if self.queue_place else None,
+            "queuePending": self.queue_place.pending if self.queue_place else None,
             "findings": [f.to_dict() for f in self.findings],
             "timeline": [a.to_dict(self.now) for a in self.timeline],
             "historyTruncated": self.history_truncated,
@@ -313,6 +346,149 @@ def placement(
     )
 
 
+# --- the AgentQueue -----------------------------------------------------------------------
+
+# The operator's verdicts on spec.queue (agentq.operator.tenants; docs/tenancy.md), each
+# with what the task's owner can do about it. Team members cannot write AgentQueues
+# (cluster-scoped, owned by cluster admins), so most say whom to ask.
+_VERDICT_HINTS = {
+    "QueueNotFound": (
+        "ask a cluster admin to create AgentQueue {queue} (docs/tenancy.md), or delete the "
+        "task and submit it again naming an existing queue (spec.queue is immutable); "
+        "`kubectl get agentqueues` lists them"
+    ),
+    "QueueForbidden": (
+        "ask a cluster admin to label namespace {namespace} so that AgentQueue {queue}'s "
+        "namespaceSelector selects it (`kubectl get agentqueue {queue} -o yaml` shows the "
+        "selector), or submit it again naming a queue open to {namespace}"
+    ),
+    "QueueNotLeaf": (
+        "only leaf queues hold tasks: submit it again naming one of {queue}'s child queues "
+        "(spec.queue is immutable)"
+    ),
+    "QueueNotAttached": (
+        "ask a cluster admin to create the missing parent queue or break the cycle "
+        "(`kubectl get agentqueue {queue} -o yaml`: its Attached condition names it)"
+    ),
+    "NoWorkerNamespace": ("ask a cluster admin to set spec.workerNamespace of AgentQueue {queue}"),
+    "CrossNamespaceNotSupported": (
+        "claims across namespaces are not built yet: submit it in the queue's "
+        "workerNamespace, or name a queue whose workerNamespace is {namespace}"
+    ),
+}
+
+
+def _not_queued(task: AgentTask, queue: str) -> Finding | None:
+    """The ``Queued: False`` verdict, if the operator wrote one, as a finding."""
+    found = next((c for c in task.status.conditions or [] if c.type == lifecycle.QUEUED), None)
+    if found is None or found.status is not ConditionStatus.FALSE:
+        return None
+    ns = task.namespace or "default"
+    hint = _VERDICT_HINTS.get(found.reason)
+    return Finding(
+        found.reason if hint is not None else "NotQueued",
+        f"never dispatched while AgentQueue {queue} does not admit it ({found.reason}): "
+        f"{found.message}",
+        (hint or "`kubectl get agentqueue {queue} -o yaml` shows the queue").format(
+            queue=queue, namespace=ns
+        ),
+    )
+
+
+def parse_queues(bodies: Iterable[Body]) -> dict[str, AgentQueue]:
+    """The AgentQueues that parse, by name (one that does not holds no tasks)."""
+    out = {}
+    for body in bodies:
+        try:
+            parsed = parse_queue(body)
+        except ModelError:
+            continue
+        out[parsed.name] = parsed
+    return out
+
+
+def _path(queue: str, queues: Mapping[str, AgentQueue]) -> list[AgentQueue]:
+    """``queue`` and its ancestors that exist, leaf first (a cycle is cut)."""
+    path: list[AgentQueue] = []
+    name: str | None = queue
+    while name is not None and name in queues and all(q.name != name for q in path):
+        path.append(queues[name])
+        name = queues[name].spec.parent
+    return path
+
+
+def _capped(path: list[AgentQueue]) -> AgentQueue | None:
+    """The first queue of ``path`` whose status shows it at its ``maxInFlight``."""
+    for queue in path:
+        cap = queue.spec.max_in_flight
+        if cap is not None and (queue.status.in_flight or 0) >= cap:
+            return queue
+    return None
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.0f}%"
+
+
+def queue_findings(
+    task: AgentTask, place: QueuePlace | None, queues: Mapping[str, AgentQueue] | None
+) -> tuple[list[Finding], bool]:
+    """An admitted task's place in its queue, and the queue's cap and share; and whether
+    a queue on its path is at its cap (then no free worker slot dispatches it)."""
+    name = task.spec.queue or ""
+    where = (
+        f"position {place.position} of {place.pending} admitted Pending task(s) of the queue "
+        "in this namespace (by priority, then age)"
+        if place is not None
+        else "its position is unknown"
+    )
+    if queues is None:
+        where += (
+            f"; AgentQueue {name} could not be read (forbidden?), so its cap and share are "
+            "not shown"
+        )
+    found = [
+        Finding(
+            "InQueue",
+            f"queued in AgentQueue {name}: {where}. The queue takes its turn by the weights "
+            "of its tree; within it the highest priority, then the oldest, goes first",
+        )
+    ]
+    if queues is None:
+        return found, False
+    path = _path(name, queues)
+    capped = _capped(path)
+    if capped is not None:
+        whose = "" if capped.name == name else f" (an ancestor of {name}: its subtree's)"
+        found.append(
+            Finding(
+                "QueueAtCap",
+                f"AgentQueue {capped.name}{whose} holds {capped.status.in_flight} claim(s), "
+                f"its maxInFlight {capped.spec.max_in_flight}: its tasks wait, keeping their "
+                "place, until one of them ends",
+                f"ask a cluster admin to raise AgentQueue {capped.name}'s maxInFlight; "
+                "`agentq top` shows the queues",
+            )
+        )
+    for queue in path:
+        share, weight_share = queue.status.share, queue.status.weight_share
+        if share is None or weight_share is None or share <= weight_share:
+            continue
+        whose = "" if queue.name == name else f" (an ancestor of {name})"
+        found.append(
+            Finding(
+                "QueueOverShare",
+                f"AgentQueue {queue.name}{whose} was granted {_pct(share)} of the cost granted "
+                f"to it and its sibling queues since the operator's leader started, over its "
+                f"weight share {_pct(weight_share)}: while siblings have tasks waiting, they "
+                "go first until the shares meet",
+                "`agentq top` shows each queue's share against its weight share",
+            )
+        )
+        break
+    return found, capped is not None
+
+
 # --- the timeline -----------------------------------------------------------------------
 
 
@@ -442,6 +618,8 @@ def _phase_findings(
     pending_ahead: int | None,
     *,
     written: bool,
+    queue_place: QueuePlace | None = None,
+    queues: Mapping[str, AgentQueue] | None = None,
 ) -> list[Finding]:
     status, spec = task.status, task.spec
     ns = task.namespace or "default"
@@ -469,11 +647,19 @@ def _phase_findings(
                     + (f" ({_error_text(task)})" if status.error else ""),
                 )
             )
-        found.append(
-            placement(
-                spec.required_capabilities, workers, namespace=ns, pending_ahead=pending_ahead
-            )
+        capped = False
+        if spec.queue is not None:
+            refused = _not_queued(task, spec.queue)
+            if refused is not None:
+                # The operator judges nothing else while the queue does not admit it.
+                return [*found, refused]
+            more, capped = queue_findings(task, queue_place, queues)
+            found += more
+        placed = placement(
+            spec.required_capabilities, workers, namespace=ns, pending_ahead=pending_ahead
         )
+        if not (capped and placed.code == "DispatchDue"):  # a free slot does not lift a cap
+            found.append(placed)
         return found
     worker = status.worker or "?"
     token = status.fencing_token
@@ -651,8 +837,14 @@ def explain(
     lease: Body | None,
     now: datetime.datetime,
     pending_ahead: int | None = None,
+    queue_place: QueuePlace | None = None,
+    queues: Iterable[Body] | None = None,
 ) -> Explanation:
-    """Why ``task`` is where it is. Raises ``ModelError`` if it is not an AgentTask."""
+    """Why ``task`` is where it is. Raises ``ModelError`` if it is not an AgentTask.
+
+    For a task with ``spec.queue``: ``queue_place`` is its place in the queue
+    (``queue_place()`` over a listing), ``queues`` the AgentQueues (None: they could
+    not be read)."""
     parsed = parse_task(task)
     lines = event_lines(events)
     views = parse_workers(workers)
@@ -661,7 +853,16 @@ def explain(
     # No phase in the object itself (a CRD that defaults it to Pending gives one at once):
     # no operator has written to the task.
     written = bool((task.get("status") or {}).get("phase"))
-    findings += _phase_findings(parsed, views, lease, now, pending_ahead, written=written)
+    findings += _phase_findings(
+        parsed,
+        views,
+        lease,
+        now,
+        pending_ahead,
+        written=written,
+        queue_place=queue_place,
+        queues=parse_queues(queues) if queues is not None else None,
+    )
     refused = _refusals(parsed, lines)
     if refused is not None:
         findings.append(refused)
@@ -683,25 +884,34 @@ def explain(
         events=tuple(lines),
         now=now,
         history_truncated=truncated,
+        queue=parsed.spec.queue,
+        queue_place=queue_place if status.phase in (None, TaskPhase.PENDING) else None,
     )
 
 
-def pending_ahead(task: Body, tasks: Iterable[Body], workers: list[WorkerView]) -> int:
-    """Pending tasks ahead of ``task`` (higher ``spec.priority``, or as high and older)
-    that one of its capable workers could take."""
-    parsed = parse_task(task)
-    capable = [w for w in workers if parsed.spec.required_capabilities <= w.capabilities]
-    created = parsed.metadata.creation_timestamp
+def _admitted(task: AgentTask) -> bool:
+    """Whether the operator holds ``task`` in a pending queue: no ``Queued: False``."""
+    return not any(
+        c.type == lifecycle.QUEUED and c.status is ConditionStatus.FALSE
+        for c in task.status.conditions or []
+    )
+
+
+def _ahead(task: AgentTask, tasks: Iterable[Body]) -> Iterator[AgentTask]:
+    """The admitted Pending tasks of ``task``'s pending queue (its namespace's own, or its
+    AgentQueue's) that go before it: higher ``spec.priority``, or as high and older."""
+    created = task.metadata.creation_timestamp
     if created is None:
-        return 0
-    place = (-parsed.spec.priority, created, parsed.name)
-    count = 0
+        return
+    place = (-task.spec.priority, created, task.name)
     for other in tasks:
         try:
             candidate = parse_task(other)
         except ModelError:
             continue
-        if candidate.name == parsed.name or candidate.status.phase not in (None, TaskPhase.PENDING):
+        if candidate.name == task.name or candidate.status.phase not in (None, TaskPhase.PENDING):
+            continue
+        if candidate.spec.queue != task.spec.queue or not _admitted(candidate):
             continue
         other_created = candidate.metadata.creation_timestamp
         # The operator plans by priority, then oldest first, ties by name.
@@ -715,6 +925,42 @@ def pending_ahead(task: Body, tasks: Iterable[Body], workers: list[WorkerView]) 
             >= place
         ):
             continue
+        yield candidate
+
+
+def queue_place(task: Body, tasks: Iterable[Body]) -> QueuePlace | None:
+    """Where ``task`` stands among the admitted Pending tasks of its AgentQueue in
+    ``tasks`` (a listing of its namespace: a queue admits only tasks of its
+    workerNamespace today); None if it names no queue or has no creation time."""
+    parsed = parse_task(task)
+    if parsed.spec.queue is None or parsed.metadata.creation_timestamp is None:
+        return None
+    tasks = list(tasks)
+    ahead = sum(1 for _ in _ahead(parsed, tasks))
+    others = 0
+    for other in tasks:
+        try:
+            candidate = parse_task(other)
+        except ModelError:
+            continue
+        if (
+            candidate.name != parsed.name
+            and candidate.spec.queue == parsed.spec.queue
+            and candidate.status.phase in (None, TaskPhase.PENDING)
+            and _admitted(candidate)
+        ):
+            others += 1
+    return QueuePlace(position=ahead + 1, pending=others + 1)
+
+
+def pending_ahead(task: Body, tasks: Iterable[Body], workers: list[WorkerView]) -> int:
+    """Pending tasks ahead of ``task`` in its pending queue (higher ``spec.priority``, or
+    as high and older) that one of its capable workers could take. Tasks of another
+    queue (an AgentQueue, or none) are not ahead of it: they take turns by weight."""
+    parsed = parse_task(task)
+    capable = [w for w in workers if parsed.spec.required_capabilities <= w.capabilities]
+    count = 0
+    for candidate in _ahead(parsed, tasks):
         needs = candidate.spec.required_capabilities
         if any(needs <= w.capabilities for w in capable):
             count += 1

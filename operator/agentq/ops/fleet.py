@@ -9,7 +9,12 @@ or more namespaces (plain dicts from the API server) into a ``FleetView``:
 - per required-capability set: tasks Pending (and how many wait out a retry
   backoff), the oldest one's age, how many workers could take them and how many
   free slots the Ready ones have (0 capable workers: unschedulable);
-- tasks per phase.
+- tasks per phase;
+- per AgentQueue (cluster-scoped; when any exists): its parent, weight and
+  weight share, share of the cost granted, pending, in flight / maxInFlight,
+  served cost and readiness, from the queue's status as the operator writes it
+  (a snapshot at most ``QUEUE_STATUS_INTERVAL`` old), with an estimated wait in
+  the live view (``RateWindow``).
 
 ``ShareWindow`` keeps successive snapshots of served cost so a live view can
 show each worker's share of the cost served in the last minute, which is what
@@ -98,11 +103,49 @@ class QueueRow:
 
 
 @dataclass(frozen=True)
+class AgentQueueRow:
+    name: str
+    parent: str | None
+    depth: int  # 0: top level (or its parent chain is broken)
+    weight: float
+    weight_share: float | None  # status.weightShare
+    share: float | None  # status.share: since the operator's leader started
+    pending: int
+    in_flight: int
+    max_in_flight: int | None
+    served_cost: float
+    state: str  # "Ready", else the reason of its Ready condition ("-": none yet)
+    wait_seconds: float | None  # estimated: pending cost / recent served-cost rate
+
+    @property
+    def capped(self) -> bool:
+        return self.max_in_flight is not None and self.in_flight >= self.max_in_flight
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "parent": self.parent,
+            "weight": self.weight,
+            "weightShare": _r(self.weight_share),
+            "share": _r(self.share),
+            "pending": self.pending,
+            "inFlight": self.in_flight,
+            "maxInFlight": self.max_in_flight,
+            "servedCost": _r(self.served_cost),
+            "state": self.state,
+            "estimatedWaitSeconds": _r(self.wait_seconds),
+        }
+
+
+@dataclass(frozen=True)
 class FleetView:
     now: datetime.datetime
     phases: dict[str, dict[str, int]]  # namespace -> phase -> count
     workers: tuple[WorkerRow, ...]
     queues: tuple[QueueRow, ...]
+    agent_queues: tuple[AgentQueueRow, ...] = ()
+    # Why the AgentQueues are not shown (listing them was forbidden); None: they are.
+    agent_queues_note: str | None = None
 
     @property
     def namespaces(self) -> list[str]:
@@ -121,6 +164,8 @@ class FleetView:
             "phases": self.phases,
             "workers": [w.to_dict() for w in self.workers],
             "queues": [q.to_dict() for q in self.queues],
+            "agentQueues": [q.to_dict() for q in self.agent_queues],
+            "agentQueuesNote": self.agent_queues_note,
         }
 
 
@@ -179,14 +224,87 @@ def _workers(bodies: Iterable[Body]) -> list[_Worker]:
     return sorted(out, key=lambda w: (w.namespace, w.name))
 
 
+FORBIDDEN_QUEUES = (
+    "AgentQueues not shown: listing agentqueues (cluster-scoped) is forbidden to you; "
+    "ask for get/list on them through a ClusterRole (docs/cli.md#permissions)"
+)
+
+
+def _agent_queues(
+    bodies: Iterable[Body], tasks: list[Body], rates: Mapping[str, float]
+) -> tuple[AgentQueueRow, ...]:
+    """One row per AgentQueue, parents before their children (a tree in name order)."""
+    queues = {_name(q): q for q in bodies}
+    parent_of = {name: ((q.get("spec") or {}).get("parent") or None) for name, q in queues.items()}
+
+    def path(name: str) -> tuple[str, ...]:
+        out = [name]
+        parent = parent_of.get(name)
+        while parent is not None and parent in queues and parent not in out:
+            out.append(parent)
+            parent = parent_of.get(parent)
+        return tuple(reversed(out))
+
+    # The cost of a pending task, on average, per queue named: an estimate for those not
+    # listed (another namespace, or no -A).
+    costs: defaultdict[str, list[float]] = defaultdict(list)
+    for task in tasks:
+        spec = task.get("spec") or {}
+        if spec.get("queue") and str((task.get("status") or {}).get("phase") or "Pending") == (
+            "Pending"
+        ):
+            costs[str(spec["queue"])].append(_num(spec.get("cost"), 1.0))
+    paths = {name: path(name) for name in queues}
+    rows = []
+    for name in sorted(queues, key=paths.__getitem__):
+        body = queues[name]
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        trail = paths[name]
+        # Its own pending tasks' costs and those of every queue below it.
+        under = [cost for q in queues if name in paths[q] for cost in costs[q]]
+        pending = int(_num(status.get("pending"), 0))
+        rate = rates.get(name)
+        mean = sum(under) / len(under) if under else 1.0
+        cap = spec.get("maxInFlight")
+        ready = next((c for c in status.get("conditions") or () if c.get("type") == "Ready"), None)
+        state = "-"
+        if ready is not None:
+            state = "Ready" if ready.get("status") == "True" else str(ready.get("reason") or "?")
+        rows.append(
+            AgentQueueRow(
+                name=name,
+                parent=parent_of[name],
+                depth=len(trail) - 1,
+                weight=_num(spec.get("weight"), 1.0),
+                weight_share=_opt(status.get("weightShare")),
+                share=_opt(status.get("share")),
+                pending=pending,
+                in_flight=int(_num(status.get("inFlight"), 0)),
+                max_in_flight=int(cap) if isinstance(cap, int) else None,
+                served_cost=_num(status.get("servedCost"), 0.0),
+                state=state,
+                wait_seconds=pending * mean / rate if pending and rate else None,
+            )
+        )
+    return tuple(rows)
+
+
+def _opt(value: Any) -> float | None:
+    return _num(value, 0.0) if isinstance(value, int | float) else None
+
+
 def build(
     tasks: Iterable[Body],
     workers: Iterable[Body],
     *,
     now: datetime.datetime,
     recent: Mapping[WorkerKey, float] | None = None,
+    agent_queues: Iterable[Body] | None = (),
+    queue_rates: Mapping[str, float] | None = None,
 ) -> FleetView:
-    """The view of these tasks and workers at ``now`` (``recent``: from a ``ShareWindow``).
+    """The view of these tasks and workers at ``now`` (``recent``: from a ``ShareWindow``),
+    and of the AgentQueues (``agent_queues`` None: they could not be listed;
+    ``queue_rates``: each queue's served cost per second, from a ``RateWindow``).
 
     In flight comes from the tasks (Assigned or Running on the worker: always current);
     served cost and deficit from the worker's status, which the operator writes as a
@@ -277,7 +395,14 @@ def build(
         ns: {p: counts[p] for p in (*PHASE_ORDER, *sorted(counts)) if counts.get(p)}
         for ns, counts in sorted(phases.items())
     }
-    return FleetView(now=now, phases=ordered, workers=tuple(rows), queues=tuple(queue_rows))
+    return FleetView(
+        now=now,
+        phases=ordered,
+        workers=tuple(rows),
+        queues=tuple(queue_rows),
+        agent_queues=_agent_queues(agent_queues or (), tasks, queue_rates or {}),
+        agent_queues_note=FORBIDDEN_QUEUES if agent_queues is None else None,
+    )
 
 
 @dataclass
@@ -315,3 +440,35 @@ class ShareWindow:
         for (namespace, _), value in delta.items():
             per_ns[namespace] += value
         return {key: value / per_ns[key[0]] for key, value in delta.items() if per_ns[key[0]] > 0}
+
+
+@dataclass
+class RateWindow:
+    """Each AgentQueue's served cost per second over the last ``seconds``.
+
+    Fed with ``(monotonic time, AgentQueues)`` snapshots; the rate is the increase of
+    ``status.servedCost`` since the oldest snapshot still inside the window over the
+    time between them. The operator writes a queue's counts at most every
+    ``QUEUE_STATUS_INTERVAL`` (5 s), so a rate needs a window longer than that.
+    """
+
+    seconds: float = 60.0
+    _samples: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+
+    def add(self, at: float, queues: Iterable[Body]) -> None:
+        served = {_name(q): _num((q.get("status") or {}).get("servedCost"), 0.0) for q in queues}
+        self._samples.append((at, served))
+        while len(self._samples) > 2 and self._samples[1][0] <= at - self.seconds:
+            self._samples.popleft()
+
+    def rates(self) -> dict[str, float]:
+        if len(self._samples) < 2:
+            return {}
+        (then, old), (now, new) = self._samples[0], self._samples[-1]
+        if now <= then:
+            return {}
+        return {
+            name: max(0.0, value - old[name]) / (now - then)
+            for name, value in new.items()
+            if name in old
+        }

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentq import GROUP, VERSION, client, kube, protocol
 from agentq.kube.sync import SyncClient
-from agentq.models import TASK_PLURAL, WORKER_PLURAL
+from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.ops.errors import Exit, OpsError
 
 Body = dict[str, Any]
@@ -149,6 +149,28 @@ class Cluster:
         content_type: str = "application/json",
     ) -> Body | None:
         """``_call``, but None when the API server answers with a status in ``tolerate``."""
+        return self._answer(
+            method,
+            path,
+            body,
+            what=what,
+            tolerate=tolerate,
+            params=params,
+            content_type=content_type,
+        )[1]
+
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        what: str = "",
+        tolerate: tuple[int, ...] = (),
+        params: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Body | None]:
+        """``_try``, with the status the API server answered."""
         for attempt in (1, 2):
             try:
                 rsp = self.api.request(
@@ -179,9 +201,9 @@ class Cluster:
         text = rsp.raw.decode(errors="replace")
         if rsp.ok:
             decoded: Body = json.loads(rsp.raw) if rsp.raw else {}
-            return decoded
+            return rsp.status, decoded
         if rsp.status in tolerate:
-            return None
+            return rsp.status, None
         try:
             status_body = json.loads(rsp.raw) if rsp.raw else {}
         except ValueError:
@@ -232,6 +254,18 @@ class Cluster:
 
     def workers(self, namespace: str | None = None, *, all_namespaces: bool = False) -> list[Body]:
         return self._list(WORKER_PLURAL, namespace, all_namespaces, None)
+
+    def queues(self) -> list[Body] | None:
+        """Every AgentQueue (cluster-scoped); None when listing them is forbidden (403),
+        which a namespaced role cannot grant: the verbs show the rest and say so. No
+        AgentQueue CRD (an older install, 404) is no queues."""
+        status, listed = self._answer(
+            "GET", kube.object_path(GROUP, VERSION, None, QUEUE_PLURAL), tolerate=(403, 404)
+        )
+        if listed is None:
+            return None if status == 403 else []
+        items: list[Body] = listed.get("items") or []
+        return items
 
     def events_of(self, obj: Mapping[str, Any]) -> list[Body]:
         """The core/v1 Events recorded on ``obj`` (matched by UID, so not a namesake's)."""

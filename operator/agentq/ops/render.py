@@ -112,6 +112,14 @@ def table(*columns: str) -> Table:
 # --- explain ------------------------------------------------------------------------------
 
 
+def _queue_head(exp: Explanation) -> str:
+    if exp.queue is None:
+        return ""
+    place = exp.queue_place
+    where = f" (position {place.position} of {place.pending})" if place is not None else ""
+    return f" · queue {exp.queue}{where}"
+
+
 def explanation(exp: Explanation) -> RenderableType:
     head = Text.assemble(
         (safe(f"agenttask/{exp.name}"), "bold"),
@@ -122,6 +130,7 @@ def explanation(exp: Explanation) -> RenderableType:
         f" · token {exp.fencing_token if exp.fencing_token is not None else '-'}",
         safe(f" · worker {exp.worker or '-'}"),
         safe(f" · requires {', '.join(exp.required) or '-'} · cost {exp.cost:g}"),
+        safe(_queue_head(exp)),
     )
     why = Text("\nWhy\n", style="bold")
     for finding in exp.findings:
@@ -244,7 +253,46 @@ def fleet(view: FleetView, *, show_namespace: bool = False, live: bool = False) 
             qrow.insert(0, q.namespace)
         add_row(queues, *qrow)
     parts += [Text(""), queues if view.queues else Text("queue: nothing Pending")]
+    if view.agent_queues:
+        parts += [Text(""), agent_queues(view, live=live)]
+    if view.agent_queues_note:
+        parts += [Text(""), Text(f"note: {view.agent_queues_note}", style="yellow")]
     return Group(*parts)
+
+
+def agent_queues(view: FleetView, *, live: bool = False) -> Table:
+    """One row per AgentQueue, children indented under their parent."""
+    columns = [
+        "AGENTQUEUE",
+        "PARENT",
+        "WEIGHT",
+        "WEIGHT SHARE",
+        "SHARE",
+        "PENDING",
+        "IN FLIGHT",
+        "SERVED COST",
+        "STATE",
+    ]
+    if live:
+        columns.append("EST. WAIT")
+    out = table(*columns)
+    for q in view.agent_queues:
+        cap = f"{q.in_flight}/{q.max_in_flight if q.max_in_flight is not None else '-'}"
+        row: list[RenderableType] = [
+            "  " * q.depth + q.name,
+            q.parent or "-",
+            f"{q.weight:g}",
+            _pct(q.weight_share),
+            _pct(q.share),
+            str(q.pending),
+            plain(cap, "yellow") if q.capped else cap,
+            f"{q.served_cost:g}",
+            plain(q.state, "" if q.state in ("Ready", "-") else "red"),
+        ]
+        if live:
+            row.append(human_seconds(q.wait_seconds) if q.wait_seconds is not None else "-")
+        add_row(out, *row)
+    return out
 
 
 def lines(items: Iterable[str]) -> str:
