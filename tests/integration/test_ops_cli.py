@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentq import protocol
+from agentq import GROUP, VERSION, protocol
 from agentq.controlplane.cluster import free_port
-from builders import task, worker
+from builders import queue, task, worker
 from fleet import AGENTQ, ControlPlane, Fleet
 
 BIN = str(Path(sys.executable).parent)
@@ -120,6 +120,77 @@ def test_explain_shows_a_refused_zombie_report(fleet: Fleet) -> None:
     assert done.returncode == 0, done.stderr
     assert "ReportsRefused: 1 report(s) from a holder that no longer owned the claim" in done.stdout
     assert f"token {running['fencingToken'] + 1000}" in done.stdout
+
+
+def test_explain_and_top_show_agent_queues(fleet: Fleet) -> None:
+    """A task in a capped queue: its place and the cap; a task its queue refuses, and one
+    naming no queue that exists: the operator's verdict; top: a row per queue."""
+    capped, shut = f"{fleet.namespace}-capped", f"{fleet.namespace}-shut"
+    here = {"kubernetes.io/metadata.name": fleet.namespace}
+    bodies = [
+        queue(capped).selects(**here).workers_in(fleet.namespace).max_in_flight(1).obj(),
+        queue(shut).selects(team="nobody").workers_in(fleet.namespace).obj(),
+    ]
+    for body in bodies:
+        fleet.custom.create_cluster_custom_object(GROUP, VERSION, "agentqueues", body)
+    try:
+        fleet.add_worker(worker("w").capabilities("llm").max_in_flight(5))
+        fleet.agent("w", "hold")
+        fleet.operator()
+        for name in ("q-0", "q-1", "q-2"):
+            fleet.add_task(task(name).requires("llm").queue(capped))
+        fleet.add_task(task("refused").requires("llm").queue(shut))
+        fleet.add_task(task("lost").requires("llm").queue(f"{fleet.namespace}-missing"))
+
+        def queued_false(t: dict) -> bool:
+            return any(
+                c.get("type") == "Queued" and c.get("status") == "False"
+                for c in (t.get("status") or {}).get("conditions") or []
+            )
+
+        fleet.wait_all(
+            lambda items: (
+                phase(fleet, "q-0") == "Running" and sum(queued_false(t) for t in items) == 2
+            )
+        )
+        deadline = time.monotonic() + 30  # the queue's counts are written every 5 s
+        while True:
+            status = (
+                fleet.custom.get_cluster_custom_object(GROUP, VERSION, "agentqueues", capped).get(
+                    "status"
+                )
+                or {}
+            )
+            if status.get("inFlight") == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+
+        def explained(name: str) -> dict:
+            result = agentq(fleet, "explain", name, *ns(fleet), "-o", "json")
+            assert result.returncode == 0, result.stderr
+            data: dict = json.loads(result.stdout)
+            return data
+
+        last = explained("q-2")
+        codes = [f["code"] for f in last["findings"]]
+        assert codes[:2] == ["InQueue", "QueueAtCap"], codes
+        assert (last["queue"], last["queuePosition"], last["queuePending"]) == (capped, 2, 2)
+        assert [f["code"] for f in explained("refused")["findings"]] == ["QueueForbidden"]
+        assert [f["code"] for f in explained("lost")["findings"]] == ["QueueNotFound"]
+        text = agentq(fleet, "explain", "q-2", *ns(fleet))
+        assert f"queue {capped} (position 2 of 2)" in text.stdout, text.stdout
+
+        top = json.loads(agentq(fleet, "top", *ns(fleet), "-o", "json").stdout)
+        rows = {q["name"]: q for q in top["agentQueues"]}
+        assert (rows[capped]["inFlight"], rows[capped]["maxInFlight"]) == (1, 1)
+        assert rows[capped]["pending"] == 2 and rows[capped]["state"] == "Ready"
+        assert top["agentQueuesNote"] is None
+        once = agentq(fleet, "top", *ns(fleet), "--once")
+        assert "AGENTQUEUE" in once.stdout and capped in once.stdout
+    finally:
+        for body in bodies:
+            name = body["metadata"]["name"]
+            fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
 
 
 def test_explain_bad_arguments_and_missing_tasks(fleet: Fleet) -> None:

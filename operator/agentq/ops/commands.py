@@ -136,7 +136,9 @@ def explain(
     (which capabilities no worker offers), no Ready worker with a free slot (and
     why each capable worker is not), assigned but not started, held,
     dead-lettered (after which failures), reports refused from zombie holders,
-    a requeue not yet honoured; each with the command that acts on it.
+    a requeue not yet honoured; each with the command that acts on it. For a task
+    in an AgentQueue (spec.queue): why the queue does not admit it, or its
+    position in the queue and whether the queue is at its cap or over its share.
 
     \b
       agentq explain summarise-42 -n agents

@@ -385,10 +385,10 @@ def _not_queued(task: AgentTask, queue: str) -> Finding | None:
         return None
     ns = task.namespace or "default"
     hint = _VERDICT_HINTS.get(found.reason)
+    unknown = f" ({found.reason})" if hint is None else ""
     return Finding(
         found.reason if hint is not None else "NotQueued",
-        f"never dispatched while AgentQueue {queue} does not admit it ({found.reason}): "
-        f"{found.message}",
+        f"never dispatched while AgentQueue {queue} does not admit it{unknown}: {found.message}",
         (hint or "`kubectl get agentqueue {queue} -o yaml` shows the queue").format(
             queue=queue, namespace=ns
         ),
