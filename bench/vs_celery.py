@@ -175,9 +175,11 @@ def poison(kubeconfig: str, workdir: Path) -> dict[str, Any]:
 def tenants(
     kubeconfig: str, workdir: Path, first: int = 900, second: int = 100, queues: bool = False
 ) -> dict[str, Any]:
-    """Tenant A's ``first`` tasks, then B's ``second``, on one pool of 4 workers x 25
-    slots. ``queues``: each tenant's tasks name its own AgentQueue (weights 1:1, the pool
-    in the tasks' namespace, docs/tenancy.md); without, one namespace's oldest first."""
+    """Tenant A's ``first`` tasks, then B's ``second`` after A's first 20 completions, on
+    one pool of 4 workers x 5 slots (0.3 s of work each): B's share of the completions
+    while both have a backlog. ``queues``: each tenant's tasks name its own AgentQueue
+    (weights 1:1, the pool in the tasks' namespace, docs/tenancy.md); without, one
+    namespace's oldest first."""
     s = Scenario(kubeconfig, workdir, "tenants-q" if queues else "tenants")
     made: list[str] = []
     try:
@@ -206,40 +208,49 @@ def tenants(
                 made.append(name)
                 spec[tenant] = {"queue": name}
         for i in range(4):
-            d.worker(f"w{i}", ["llm"], 1, 25)
-            d.start_agent(f"w{i}", "complete", work_seconds=0.1)
+            d.worker(f"w{i}", ["llm"], 1, 5)
+            d.start_agent(f"w{i}", "complete", work_seconds=0.3)
         d.start_operator()
-        for i in range(first):
-            d.task(f"a-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE, **spec["a"])
-        for i in range(second):
-            d.task(f"b-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE, **spec["b"])
-        _wait(
-            "all done",
-            lambda: all(_phase(t) == "Succeeded" for t in d.cluster.tasks(d.namespace)),
-            1800,
-        )
+
+        def submit(tenant: str, count: int) -> None:
+            with ThreadPoolExecutor(8) as pool:
+                list(
+                    pool.map(
+                        lambda i: d.task(
+                            f"{tenant}-{i:04d}",
+                            1,
+                            ["llm"],
+                            leaseDurationSeconds=LEASE,
+                            **spec[tenant],
+                        ),
+                        range(count),
+                    )
+                )
+
+        def done_count() -> int:
+            return sum(1 for t in d.cluster.tasks(d.namespace) if _phase(t) == "Succeeded")
+
+        submit("a", first)
+        _wait("A's first 20 completions", lambda: done_count() >= 20, 600)
+        submit("b", second)
+        _wait("all done", lambda: done_count() >= first + second, 1800)
         # finishedAt has whole seconds: within one, the order of the grants (tokens).
         done = sorted(
             d.cluster.tasks(d.namespace),
             key=lambda t: (t["status"]["finishedAt"], int(t["status"].get("fencingToken") or 0)),
         )
-        b_created = min(
-            t["metadata"]["creationTimestamp"]
-            for t in done
-            if t["metadata"]["name"].startswith("b-")
-        )
-        # B's share of the first completions after its first task was created.
-        after = [t for t in done if t["status"]["finishedAt"] > b_created][:second]
+        names = [t["metadata"]["name"] for t in done]
+        first_b = next(i for i, n in enumerate(names) if n.startswith("b-"))
+        last_b = max(i for i, n in enumerate(names) if n.startswith("b-"))
+        last_a = max(i for i, n in enumerate(names) if n.startswith("a-"))
+        # From B's first completion until one tenant has none left: both backlogged.
+        window = names[first_b : min(last_a, last_b) + 1]
         return {
             "queues": queues,
-            "tenant_b_of_first_completions": sum(
-                1 for t in done[:second] if t["metadata"]["name"].startswith("b-")
+            "completions_while_both_backlogged": len(window),
+            "tenant_b_share_while_both_backlogged": round(
+                sum(1 for n in window if n.startswith("b-")) / max(1, len(window)), 3
             ),
-            "first_completions": second,
-            "tenant_b_of_completions_after_b_arrived": sum(
-                1 for t in after if t["metadata"]["name"].startswith("b-")
-            ),
-            "completions_after_b_arrived": len(after),
         }
     finally:
         s.close()
