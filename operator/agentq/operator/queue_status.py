@@ -61,7 +61,7 @@ from agentq.operator.gate import RequestGate
 from agentq.operator.indexes import Indexes
 from agentq.operator.port import Kube, KubeError, Reply, Status
 from agentq.operator.store import Store
-from agentq.operator.tenants import NO_WORKER_NAMESPACE, Topology
+from agentq.operator.tenants import NO_WORKER_NAMESPACE, Topology, owned
 from agentq.operator.work import (
     REFUSED_SECONDS,
     RETRY_SECONDS,
@@ -374,6 +374,12 @@ class QueueStatuses:
         due: list[tuple[bool, str, dict[str, Any]]] = []
         soonest = math.inf
         for name, view in views.items():
+            if not owned(name, topo, self.config.namespaces):
+                # Another operator's (it watches the queue's workers): no write, no series.
+                if name in self._series:
+                    metrics.forget_queue(name)
+                    self._series.discard(name)
+                continue
             self._gauges(name, numbers[name])
             queue = queues[name]
             if queue.writing:

@@ -46,6 +46,7 @@ __all__ = [
     "Topology",
     "Verdict",
     "judge",
+    "owned",
     "topology",
 ]
 
@@ -145,6 +146,19 @@ def topology(queues: Mapping[str, QueueView]) -> Topology:
         depth=depth,
         detached=detached,
         detached_reason=reasons,
+    )
+
+
+def owned(name: str, topo: Topology, namespaces: tuple[str, ...]) -> bool:
+    """Whether an operator watching ``namespaces`` (empty: every one) speaks for queue
+    ``name`` (writes its status and metrics): every leaf of its subtree draws its
+    workers from a namespace it watches. AgentQueues are cluster-scoped; an operator
+    confined to some namespaces would otherwise write counts of queues it cannot see."""
+    if not namespaces:
+        return True
+    leaves = topo.leaves_under(name) if name in topo.specs else []
+    return bool(leaves) and all(
+        leaf in topo.specs and topo.specs[leaf].worker_namespace in namespaces for leaf in leaves
     )
 
 

@@ -243,3 +243,23 @@ async def test_a_deleted_queue_drops_its_series() -> None:
     await looked(h)
     assert gauge("agentq_queue_in_flight", "gone-soon") is None
     assert gauge("agentq_queue_pending", "gone-soon") is None
+
+
+@run
+async def test_an_operator_confined_to_namespaces_writes_only_the_queues_of_its_workers() -> None:
+    # AgentQueues are cluster-scoped: an operator watching some namespaces must not write
+    # the counts of a queue whose workers it cannot see (another operator's), nor keep
+    # its series; with every namespace watched, it writes them all.
+    h = Harness(queue_status_interval=0.0, namespaces=(NS,))
+    await pool(h)
+    h.queue(queue("ours").selects(team="a").workers_in(NS))
+    h.queue(queue("theirs").selects(team="a").workers_in("elsewhere"))
+    h.queue(queue("mixed").selects(team="a"))
+    h.queue(queue("mixed-ours").parent("mixed").selects(team="a").workers_in(NS))
+    h.queue(queue("mixed-theirs").parent("mixed").selects(team="a").workers_in("elsewhere"))
+    await looked(h)
+    assert qcond(h, "ours", "Ready") == ("True", "Ready")
+    assert qcond(h, "mixed-ours", "Ready") == ("True", "Ready")
+    for name in ("theirs", "mixed", "mixed-theirs"):
+        assert qstatus(h, name) == {}, name
+        assert gauge("agentq_queue_pending", name) is None, name
