@@ -344,17 +344,20 @@ class WorkerView:
         return (self.namespace, self.name)
 
 
-def worker_view(body: Mapping[str, Any]) -> WorkerView:
-    meta = _meta(body)
-    raw_spec = body.get("spec")
-    spec: AgentWorkerSpec | None = None
-    problem: Problem | None = None
+def _strict_spec(model: type[_M], body: Mapping[str, Any]) -> tuple[_M | None, Problem | None]:
+    """``body``'s spec as ``model``, or None and the problem (``InvalidSpec``) why not."""
+    raw = body.get("spec")
     try:
-        spec = AgentWorkerSpec.model_validate(raw_spec if isinstance(raw_spec, Mapping) else {})
+        return model.model_validate(raw if isinstance(raw, Mapping) else {}), None
     except ValidationError as err:
-        problem = Problem(
+        return None, Problem(
             "InvalidSpec", f"spec does not fit the agentq.dev schema: {_describe(err)}"
         )
+
+
+def worker_view(body: Mapping[str, Any]) -> WorkerView:
+    meta = _meta(body)
+    spec, problem = _strict_spec(AgentWorkerSpec, body)
     raw_status = body.get("status")
     status, _ = _lenient(AgentWorkerStatus, raw_status if isinstance(raw_status, Mapping) else {})
     return WorkerView(
@@ -388,15 +391,7 @@ class QueueView:
 
 def queue_view(body: Mapping[str, Any]) -> QueueView:
     meta = _meta(body)
-    raw_spec = body.get("spec")
-    spec: AgentQueueSpec | None = None
-    problem: Problem | None = None
-    try:
-        spec = AgentQueueSpec.model_validate(raw_spec if isinstance(raw_spec, Mapping) else {})
-    except ValidationError as err:
-        problem = Problem(
-            "InvalidSpec", f"spec does not fit the agentq.dev schema: {_describe(err)}"
-        )
+    spec, problem = _strict_spec(AgentQueueSpec, body)
     raw_status = body.get("status")
     status, _ = _lenient(AgentQueueStatus, raw_status if isinstance(raw_status, Mapping) else {})
     generation = meta.get("generation")
