@@ -156,3 +156,190 @@ def test_a_queues_status_follows_its_tasks(fleet: Fleet, queues: list[str]) -> N
         assert _condition(detached, "Ready") == ("False", "NotAttached")
     finally:
         fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", orphan)
+
+
+def _make_queues(fleet: Fleet, specs: list[tuple[str, float, str | None, bool]]) -> list[str]:
+    """Create AgentQueues (name suffix, weight, parent suffix, leaf) selecting the fleet's
+    namespace; returns their full names in order. Leaves draw on the fleet's workers."""
+    names = []
+    for suffix, weight, parent, leaf in specs:
+        name = f"{fleet.namespace}-{suffix}"
+        builder = (
+            queue(name).weight(weight).selects(**{"kubernetes.io/metadata.name": fleet.namespace})
+        )
+        if parent is not None:
+            builder = builder.parent(f"{fleet.namespace}-{parent}")
+        if leaf:
+            builder = builder.workers_in(fleet.namespace)
+        fleet.custom.create_cluster_custom_object(GROUP, VERSION, "agentqueues", builder.obj())
+        names.append(name)
+    return names
+
+
+def _delete_queues(fleet: Fleet, names: list[str]) -> None:
+    for name in names:
+        fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
+
+
+def _grant_order(done: list[dict[str, Any]]) -> list[str]:
+    """Each granted task's queue, in the order of the grants (fencing tokens rise with
+    every grant), read back from the API server."""
+    granted = sorted((t for t in done if _token(t)), key=_token)
+    return [t["spec"]["queue"] for t in granted]
+
+
+def _worst_gap(order: list[str], left: set[str], right: set[str], wl: float, wr: float) -> float:
+    """The largest |served(left)/wl - served(right)/wr| over every prefix of ``order``
+    that ends before either side has run out of work (both backlogged): costs are 1."""
+    total_l = sum(q in left for q in order)
+    total_r = sum(q in right for q in order)
+    a = b = 0
+    worst = 0.0
+    for q in order:
+        if a == total_l or b == total_r:
+            break  # one side drained: the bound holds only while both are backlogged
+        a += q in left
+        b += q in right
+        worst = max(worst, abs(a / wl - b / wr))
+    return worst
+
+
+def _all_succeeded(items: list[dict[str, Any]]) -> bool:
+    return all((t.get("status") or {}).get("phase") == "Succeeded" for t in items)
+
+
+def test_weighted_queues_share_by_weight_within_the_bound(fleet: Fleet) -> None:
+    """Weights 1:3, both backlogged from the start, cost 1 each: at every grant the
+    normalized services differ by at most the DRR bound C/w_i + C/w_j (= 4/3 here),
+    with one more task of slack for the start (grants already in flight)."""
+    light, heavy = _make_queues(fleet, [("w1", 1, None, True), ("w3", 3, None, True)])
+    try:
+        fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(4))
+        fleet.agent("pool", "complete", work_seconds=0.05)
+        for i in range(30):
+            fleet.add_task(task(f"l-{i:03d}").requires("llm").queue(light))
+        for i in range(60):
+            fleet.add_task(task(f"h-{i:03d}").requires("llm").queue(heavy))
+        fleet.operator()
+        done = fleet.wait_all(_all_succeeded, timeout=240)
+        order = _grant_order(done)
+        assert len(order) == 90
+        gap = _worst_gap(order, {light}, {heavy}, 1, 3)
+        assert gap <= 1 + 1 / 3 + 1, (gap, order)
+        # And the heavy queue finished first: it got about three grants for each light one.
+        first_60 = order[:60]
+        assert first_60.count(heavy) >= 40, first_60
+    finally:
+        _delete_queues(fleet, [light, heavy])
+
+
+def test_a_nested_queue_tree_converges_at_each_level(fleet: Fleet) -> None:
+    """Orgs 2:1, two teams of weights 1:3 under the first: while all three leaves are
+    backlogged the orgs share 2:1 and the teams 1:3, each within its level's bound. (A
+    flat tree of the three leaves would give org1 4/5, not 2/3: the test tells them
+    apart.)"""
+    names = _make_queues(
+        fleet,
+        [
+            ("org1", 2, None, False),
+            ("org2", 1, None, True),
+            ("team1", 1, "org1", True),
+            ("team2", 3, "org1", True),
+        ],
+    )
+    _, org2, team1, team2 = names
+    try:
+        fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(4))
+        fleet.agent("pool", "complete", work_seconds=0.05)
+        for tag, leaf in (("o2", org2), ("t1", team1), ("t2", team2)):
+            for i in range(36):
+                fleet.add_task(task(f"{tag}-{i:03d}").requires("llm").queue(leaf))
+        fleet.operator()
+        done = fleet.wait_all(_all_succeeded, timeout=240)
+        order = _grant_order(done)
+        assert len(order) == 108
+        # While all three are backlogged (until team2, served half the time, drains).
+        last_t2 = len(order) - 1 - order[::-1].index(team2)
+        window = order[: last_t2 + 1]
+        # Level 1: org1 (its subtree) against org2, weights 2 and 1: bound C/2 + C/1.
+        org_gap = _worst_gap(window, {team1, team2}, {org2}, 2, 1)
+        assert org_gap <= 0.5 + 1 + 1, (org_gap, order)
+        # Level 2: the teams under org1, weights 1 and 3: bound C/1 + C/3.
+        inner = [q for q in window if q in (team1, team2)]
+        team_gap = _worst_gap(inner, {team1}, {team2}, 1, 3)
+        assert team_gap <= 1 + 1 / 3 + 1, (team_gap, order)
+        # All three leaves took turns from the start: each is in the first 12 grants.
+        assert {org2, team1, team2} <= set(order[:12]), order[:12]
+    finally:
+        _delete_queues(fleet, names)
+
+
+def test_a_high_priority_task_behind_200_of_its_queue_takes_the_next_free_slot(
+    fleet: Fleet,
+) -> None:
+    """200 priority-0 tasks wait in a queue (no worker is ready); a priority-10 task
+    created after them is the first granted when a capable slot frees, and the rest
+    follow oldest first."""
+    (name,) = _make_queues(fleet, [("prio", 1, None, True)])
+    try:
+        fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(1))
+        fleet.operator()
+        for i in range(200):
+            fleet.add_task(task(f"low-{i:03d}").requires("llm").queue(name))
+        fleet.add_task(task("urgent").requires("llm").queue(name).priority(10))
+        fleet.agent("pool", "complete", work_seconds=0.05)
+        fleet.wait_all(
+            lambda items: sum(bool(_token(t)) for t in items) >= 6,
+            timeout=120,
+        )
+        done = fleet.wait_all(
+            lambda items: all(
+                (t.get("status") or {}).get("phase") == "Succeeded"
+                for t in sorted((t for t in items if _token(t)), key=_token)[:6]
+            ),
+            timeout=60,
+        )
+        granted = [
+            t["metadata"]["name"] for t in sorted((t for t in done if _token(t)), key=_token)
+        ]
+        assert granted[0] == "urgent", granted[:10]
+        assert granted[1:6] == [f"low-{i:03d}" for i in range(5)], granted[:10]
+    finally:
+        _delete_queues(fleet, [name])
+
+
+def _queued(t: dict[str, Any]) -> tuple[str, str] | None:
+    for c in (t.get("status") or {}).get("conditions") or []:
+        if c["type"] == "Queued":
+            return c["status"], c["reason"]
+    return None
+
+
+def test_a_team_cannot_use_a_queue_its_namespace_is_not_selected_by(fleet: Fleet) -> None:
+    """A queue selecting namespaces labelled team=b: a task of the fleet's namespace
+    (unlabelled) naming it is never dispatched, though a worker is free and serves the
+    namespace's other work, and says why; labelling the namespace admits it."""
+    name = f"{fleet.namespace}-only-b"
+    body = queue(name).selects(team="b").workers_in(fleet.namespace).obj()
+    fleet.custom.create_cluster_custom_object(GROUP, VERSION, "agentqueues", body)
+    try:
+        fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(2))
+        fleet.agent("pool", "complete", work_seconds=0.05)
+        fleet.operator()
+        fleet.add_task(task("sneaky").requires("llm").queue(name))
+        refused = fleet.wait_task("sneaky", lambda t: _queued(t) is not None, timeout=60)
+        assert _queued(refused) == ("False", "QueueForbidden"), refused.get("status")
+        # The pool is free and serves the namespace's own tasks meanwhile.
+        for i in range(3):
+            fleet.add_task(task(f"own-{i}").requires("llm"))
+        for i in range(3):
+            fleet.wait_phase(f"own-{i}", "Succeeded", timeout=60)
+        still = fleet.task("sneaky")
+        assert (still.get("status") or {}).get("phase") == "Pending", still.get("status")
+        assert not (still.get("status") or {}).get("fencingToken"), still.get("status")
+        # The namespace joins team b: the verdict is judged again, the task is served.
+        fleet.core.patch_namespace(fleet.namespace, {"metadata": {"labels": {"team": "b"}}})
+        done = fleet.wait_phase("sneaky", "Succeeded", timeout=60)
+        assert _queued(done) == ("True", "Admitted"), done.get("status")
+    finally:
+        fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
