@@ -509,6 +509,11 @@ out["a task Lease held by another worker"] = call("PUT", leases + "/agentq-task-
 tasks = "/apis/agentq.dev/v1alpha1/namespaces/%s/agenttasks" % ns
 out["an AgentTask"] = call("PATCH", tasks + "/job-000",
     {"metadata": {"labels": {"forged": "yes"}}}, "application/merge-patch+json")
+# Reads: another team's task (its namespace is argv[1]), and a list of tasks anywhere.
+other = "/apis/agentq.dev/v1alpha1/namespaces/%s/agenttasks" % sys.argv[1]
+out["another team's AgentTask (read)"] = call("GET", other + "/team-b-plan")
+out["another team's AgentTasks (list)"] = call("GET", other)
+out["its own namespace's AgentTasks (list)"] = call("GET", tasks)
 workers = "/apis/agentq.dev/v1alpha1/namespaces/%s/agentworkers" % ns
 out["pausing or un-pausing its AgentWorker"] = call("PATCH", workers + "/large",
     {"spec": {"paused": True}}, "application/merge-patch+json")
@@ -545,8 +550,21 @@ print(json.dumps([transitions] + list(call("PATCH", path, patch,
 )
 
 
+TEAM_B = "agentq-e2e-team-b"
+
+
 def refusals(k: Cluster) -> None:
-    """Another worker's claims, written with worker large's pod's own mounted token."""
+    """Another worker's claims, written with worker large's pod's own mounted token; and
+    another team's task (namespace TEAM_B), read with it: an agent pod reads what its
+    own namespace assigns it, and nothing of another team's (docs/tenancy.md)."""
+    k.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=TEAM_B)))
+    plan = {
+        "apiVersion": "agentq.dev/v1alpha1",
+        "kind": "AgentTask",
+        "metadata": {"name": "team-b-plan", "namespace": TEAM_B},
+        "spec": {"payload": {"secret": "team b's plan"}, "requiredCapabilities": ["none-here"]},
+    }
+    k.custom.create_namespaced_custom_object("agentq.dev", "v1alpha1", TEAM_B, "agenttasks", plan)
     k.leases.create_namespaced_lease(
         NAMESPACE,
         client.V1Lease(
@@ -564,9 +582,10 @@ def refusals(k: Cluster) -> None:
     )
     try:
         pod = k.pod_of("large").metadata.name
-        found = in_container(k, pod, "sidecar", FOREIGN_WRITES)
+        found = in_container(k, pod, "sidecar", FOREIGN_WRITES, TEAM_B)
     finally:
         k.leases.delete_namespaced_lease("agentq-task-planted", NAMESPACE)
+        k.core.delete_namespace(TEAM_B)
     results = {what: tuple(r) for what, r in found.items()}
     for what, (status, message) in results.items():
         say(f"  with pod {pod}'s own token, {what}: {status} {str(message)[:160]}")
@@ -576,6 +595,16 @@ def refusals(k: Cluster) -> None:
         assert status == 403 and "agentq-agent-writes" in message, (what, results[what])
     status, message = results["an AgentTask"]
     assert status == 403 and "cannot patch" in message, results["an AgentTask"]
+    for what, verb in (
+        ("another team's AgentTask (read)", "cannot get"),
+        ("another team's AgentTasks (list)", "cannot list"),
+        ("its own namespace's AgentTasks (list)", "cannot list"),
+    ):
+        status, message = results[what]
+        assert status == 403 and verb in message and "team b's plan" not in str(message), (
+            what,
+            results[what],
+        )
     for what in ("pausing or un-pausing its AgentWorker", "raising its AgentWorker's weight"):
         status, message = results[what]
         assert status == 403 and "agentq-agent-writes" in message, (what, results[what])
