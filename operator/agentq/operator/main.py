@@ -131,6 +131,24 @@ def cluster_informers(
     return informers
 
 
+KOPF_SYNCED = "kopf"  # kopf's watches of tasks, workers and Leases (kopfwatch.SyncSignal)
+
+
+def all_synced(parts: list[str], then: Callable[[], None]) -> Callable[[str], None]:
+    """A callback to call with each of ``parts`` as it syncs; calls ``then`` once all
+    have (and never again)."""
+    pending = set(parts)
+
+    def synced(part: str) -> None:
+        if not pending:
+            return
+        pending.discard(part)
+        if not pending:
+            then()
+
+    return synced
+
+
 def unfinished(body: Body) -> bool:
     """A task the controller keeps a record of (a finished one it does not: cleanup.py)."""
     return not finished(body)
@@ -191,15 +209,25 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             controller.catch_up = catch_up
         controller.cleanup.relist = catch_up  # finished tasks over MAX_FINISHED, again
     else:
-        # kopf watches tasks, workers and Leases; the queues are the informer's.
-        for informer in cluster_informers(watch_client, controller, silence, lambda _: None):
+        # kopf watches tasks, workers and Leases; the queues and namespaces are the
+        # informer's. The first decisions wait for both (as in informer mode: a task
+        # naming a queue is not judged on an empty store).
+        on_synced = all_synced([KOPF_SYNCED, QUEUE_PLURAL, "namespaces"], controller.set_synced)
+        for informer in cluster_informers(watch_client, controller, silence, on_synced):
             watchers.append(
                 asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")
             )
         watchers.append(
             asyncio.create_task(
                 _kopf(
-                    config, kubeconfig, watch_client, controller, health, kopf_stop, install_signals
+                    config,
+                    kubeconfig,
+                    watch_client,
+                    controller,
+                    health,
+                    kopf_stop,
+                    install_signals,
+                    functools.partial(on_synced, KOPF_SYNCED),
                 )
             )
         )
@@ -268,6 +296,7 @@ async def _kopf(
     health: WatchHealth,
     stop_flag: asyncio.Future[None],
     install_signals: Any,
+    on_synced: Callable[[], None],
 ) -> None:
     """kopf's watches (``--watcher kopf``), with the informer's guarantees (kopfwatch.py)
     and our signal handlers put back after its own."""
@@ -285,7 +314,7 @@ async def _kopf(
         for plural in (TASK_PLURAL, WORKER_PLURAL, "leases")
         for ns in namespaces
     ]
-    synced = kopfwatch.SyncSignal(client, targets, controller.set_synced)
+    synced = kopfwatch.SyncSignal(client, targets, on_synced)
 
     def past_kopf(plural: str, kind: str, body: Body, size: int) -> None:
         controller.observe(plural, kind, body, size)
