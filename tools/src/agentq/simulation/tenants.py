@@ -28,6 +28,7 @@ import bisect
 import json
 import math
 import random
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import zip_longest
@@ -472,7 +473,7 @@ def plot(results: Sequence[TenantRun], path: Path, *, title: str) -> None:
         axis.grid(alpha=0.3)
     axes[0][0].set_ylabel("cumulative completed cost")
     axes[0][0].legend(loc="upper left", fontsize="small")
-    figure.suptitle(title)
+    figure.suptitle(textwrap.fill(title, 100), fontsize="medium")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
