@@ -70,6 +70,12 @@ QUEUE_SHARE_ERROR = Gauge(
     "its weight share (status.share - status.weightShare); absent before any grant.",
     ["queue"],
 )
+QUEUE_WEIGHT_SHARE = Gauge(
+    "agentq_queue_weight_share",
+    "The AgentQueue's weight over the sum of its siblings' weights, its own included "
+    "(status.weightShare): what agentq_queue_share_error is measured against.",
+    ["queue"],
+)
 LEADER = Gauge("agentq_leader", "1 while this replica is the leader.")
 LEADER_TRANSITIONS = Counter(
     "agentq_leader_transitions_total", "Times this replica gained or lost leadership."
@@ -135,7 +141,13 @@ def forget_worker(namespace: str, worker: str) -> None:
 
 def forget_queue(queue: str) -> None:
     """Drop the series of a deleted AgentQueue."""
-    for gauge in (QUEUE_PENDING, QUEUE_IN_FLIGHT, QUEUE_SERVED_COST, QUEUE_SHARE_ERROR):
+    for gauge in (
+        QUEUE_PENDING,
+        QUEUE_IN_FLIGHT,
+        QUEUE_SERVED_COST,
+        QUEUE_SHARE_ERROR,
+        QUEUE_WEIGHT_SHARE,
+    ):
         with contextlib.suppress(KeyError):
             gauge.remove(queue)
 

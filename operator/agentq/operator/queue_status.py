@@ -40,8 +40,8 @@ When, and how often:
   cancels them. A refused write is not retried before ``REFUSED_SECONDS`` (RBAC)
   or ``UNWRITABLE_SECONDS`` (the API server refuses its contents).
 
-The gauges (``agentq_queue_*``) are set at each look; a deleted queue's series go
-with it.
+The gauges (``agentq_queue_*``: pending, in flight, served cost, share error, weight
+share) are set at each look; a deleted queue's series go with it.
 """
 
 from __future__ import annotations
@@ -418,6 +418,11 @@ class QueueStatuses:
         metrics.QUEUE_PENDING.labels(name).set(numbers.pending)
         metrics.QUEUE_IN_FLIGHT.labels(name).set(numbers.in_flight)
         metrics.QUEUE_SERVED_COST.labels(name).set(numbers.served_cost)
+        if numbers.weight_share is not None:
+            metrics.QUEUE_WEIGHT_SHARE.labels(name).set(numbers.weight_share)
+        else:
+            with contextlib.suppress(KeyError):
+                metrics.QUEUE_WEIGHT_SHARE.remove(name)
         if numbers.share is not None and numbers.weight_share is not None:
             metrics.QUEUE_SHARE_ERROR.labels(name).set(numbers.share - numbers.weight_share)
         else:

@@ -103,6 +103,8 @@ async def test_a_queue_status_counts_its_subtree_and_shares_by_weight() -> None:
     assert gauge("agentq_queue_served_cost", "org") == 20.0
     assert gauge("agentq_queue_share_error", "qb") == pytest.approx(b["share"] - 0.75)
     assert gauge("agentq_queue_share_error", "solo") == -0.5
+    assert gauge("agentq_queue_weight_share", "qb") == 0.75
+    assert gauge("agentq_queue_weight_share", "org") == 0.5
 
 
 @run
@@ -239,10 +241,12 @@ async def test_a_deleted_queue_drops_its_series() -> None:
     h.task(task("t").requires("llm").queue("gone-soon"))
     await looked(h)
     assert gauge("agentq_queue_in_flight", "gone-soon") == 1
+    assert gauge("agentq_queue_weight_share", "gone-soon") == 1.0
     h.kube.remove("agentqueues", "", "gone-soon")
     await looked(h)
     assert gauge("agentq_queue_in_flight", "gone-soon") is None
     assert gauge("agentq_queue_pending", "gone-soon") is None
+    assert gauge("agentq_queue_weight_share", "gone-soon") is None
 
 
 @run
@@ -263,3 +267,4 @@ async def test_an_operator_confined_to_namespaces_writes_only_the_queues_of_its_
     for name in ("theirs", "mixed", "mixed-theirs"):
         assert qstatus(h, name) == {}, name
         assert gauge("agentq_queue_pending", name) is None, name
+        assert gauge("agentq_queue_weight_share", name) is None, name

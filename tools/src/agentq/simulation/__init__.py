@@ -6,6 +6,8 @@
 - :mod:`agentq.simulation.engine`: the discrete-event simulation of one policy.
 - :mod:`agentq.simulation.metrics`: shares, Jain's index, waits, starvation.
 - :mod:`agentq.simulation.report`: tables, JSON, Markdown and plots.
+- :mod:`agentq.simulation.tenants`: teams flooding AgentQueues of one shared pool,
+  the queue level's hierarchical DRR against one queue of every team's tasks.
 - :mod:`agentq.simulation.command`: the click command.
 
 The scheduling core is used as the operator uses it; only time is simulated.

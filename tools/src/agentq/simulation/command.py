@@ -13,7 +13,7 @@ import click
 import yaml
 from rich.console import Console
 
-from agentq.simulation import compare
+from agentq.simulation import compare, tenants
 from agentq.simulation.baselines import POLICIES
 from agentq.simulation.report import as_json, as_markdown, plot, print_tables
 from agentq.simulation.scenario import (
@@ -141,6 +141,11 @@ def simulate(
     Prints each policy's share error (in units of the largest task cost), Jain's
     index of weight-normalized service, makespan, p50/p99 queue wait and the
     number of tasks never dispatched, then each worker's share of served cost.
+
+    The tenants scenarios (--scenario tenants, tenants-weighted, tenants-nested, or a
+    YAML file with teams) compare AgentQueues (hierarchical DRR by cost, then the
+    workers' DRR) with one queue of every team's tasks, and print each queue's
+    share of the cost granted while every queue is backlogged.
     """
     try:
         if config_path is not None:
@@ -181,9 +186,30 @@ def simulate(
         if execution is not None:
             scenario = replace(scenario, execution=execution)
         scenario = _crashes(scenario, crash).check()
+        if scenario.tenants:
+            # Each team says how many tasks it sends and when; the policies compared are
+            # the queue level's, over the workers' DRR.
+            given = [
+                flag
+                for flag, value in (
+                    ("--tasks", tasks),
+                    ("--load", load),
+                    ("--rate", rate),
+                    ("--policy", policies or None),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ScenarioError(
+                    f"{', '.join(given)}: does not apply to a tenants scenario (its teams say "
+                    "how many tasks they send and when; it compares queues with no-queues)"
+                )
     except (ScenarioError, yaml.YAMLError, OSError) as error:
         raise click.UsageError(str(error)) from error
 
+    if scenario.tenants:
+        _tenants(scenario, as_json_flag=as_json_flag, markdown=markdown, plot_path=plot_path)
+        return
     results = compare(scenario, policies or tuple(POLICIES))
     summaries = [summary for _, summary in results]
     fleet = ", ".join(f"{w.name} (w={w.weight:g})" for w in scenario.workers)
@@ -200,5 +226,31 @@ def simulate(
         click.echo(as_markdown(summaries))
     else:
         print_tables(summaries, title=title, console=Console())
+        if plot_path is not None:
+            click.echo(f"plot written to {plot_path}")
+
+
+def _tenants(
+    scenario: Scenario, *, as_json_flag: bool, markdown: bool, plot_path: Path | None
+) -> None:
+    results = tenants.compare_tenants(scenario)
+    queues = ", ".join(f"{q.name} (w={q.weight:g})" for q in scenario.queues)
+    floods = ", ".join(
+        f"{t.queue} {t.tasks}"
+        + (f" after {t.after_completions} completions" if t.after_completions else " at once")
+        for t in scenario.teams
+    )
+    title = (
+        f"{floods}; queues {queues}; {len(scenario.workers)} workers; "
+        f"{scenario.cost.distribution} costs, {scenario.execution} execution, seed {scenario.seed}"
+    )
+    if plot_path is not None:
+        tenants.plot(results, plot_path, title=title)
+    if as_json_flag:
+        click.echo(tenants.as_json(results))
+    elif markdown:
+        click.echo(tenants.as_markdown(results))
+    else:
+        tenants.print_tables(results, title=title, console=Console())
         if plot_path is not None:
             click.echo(f"plot written to {plot_path}")

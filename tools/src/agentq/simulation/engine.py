@@ -140,9 +140,18 @@ class _Simulation:
         self.sequence += 1
         heapq.heappush(self.events, (time, kind, self.sequence, index, attempt, worker))
 
-    def run(self) -> None:
+    def arrive_at(self, index: int, time: float) -> None:
+        """Task ``index`` arrives at ``time`` (its wait counts from then)."""
+        self.tasks[index].waiting_since = time
+        self.at(time, _ARRIVE, index=index)
+
+    def schedule_arrivals(self) -> None:
+        """When the tasks arrive: at their workload times (a subclass may decide later)."""
         for task in self.tasks:
-            self.at(task.sim.arrival, _ARRIVE, index=task.index)
+            self.arrive_at(task.index, task.sim.arrival)
+
+    def run(self) -> None:
+        self.schedule_arrivals()
         for worker in self.workers.values():
             if worker.config.crash_at is not None:
                 self.at(worker.config.crash_at, _CRASH, worker=worker.config.name)
@@ -222,6 +231,7 @@ class _Simulation:
         task.worker = worker.config.name
         task.dispatched = True
         worker.held += 1
+        self.granted(task)
         if worker.crashed_at is not None:  # a dead worker whose lease has not expired yet
             lease = self.scenario.lease_seconds
             self.at(self.now + lease, _RECLAIM, index=task.index, attempt=task.attempt)
@@ -277,7 +287,16 @@ class _Simulation:
         worker.timeline.append((self.now, worker.served))
         self.makespan = self.now
         self.policy.release(task.sim.name, completed=True)
+        self.completed(task)
         self.schedule_next_completion(worker)
+
+    # -- hooks for a subclass (the tenants simulation) ---------------------------------------
+
+    def granted(self, task: _Task) -> None:
+        """``task`` was just granted (``task.worker`` holds it)."""
+
+    def completed(self, task: _Task) -> None:
+        """``task`` just completed."""
 
     def outcome(self, policy: str) -> Run:
         workers = []

@@ -7,6 +7,11 @@ worker's ``speed`` is how many cost units per second it works off, in the way
 the scenario's ``execution`` says (see :mod:`agentq.simulation.engine`):
 ``shared`` (the default) all it holds at once sharing the speed, ``serial``
 one task at a time, ``slots`` all it holds at once each at full speed.
+
+A scenario with ``teams`` is a *tenants* scenario (:mod:`agentq.simulation.tenants`):
+instead of one Poisson stream, each team floods its AgentQueue (a leaf of the
+``queues`` tree) with its tasks at once, at the start or after the fleet's first
+completions, and the fleet is the one pool every queue shares.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ __all__ = [
     "PRESETS",
     "CapabilityDemand",
     "CostModel",
+    "QueueConfig",
     "Scenario",
     "ScenarioError",
+    "TeamConfig",
     "WorkerConfig",
     "preset",
     "scenario_from_mapping",
@@ -85,6 +92,25 @@ class CapabilityDemand:
     share: float
 
 
+@dataclass(frozen=True)
+class QueueConfig:
+    """One AgentQueue of a tenants scenario: its weight among its siblings, its parent."""
+
+    name: str
+    weight: float = 1.0
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
+class TeamConfig:
+    """A team's flood: ``tasks`` tasks into leaf ``queue``, all at once, when the fleet
+    has completed ``after_completions`` tasks (0: at the start)."""
+
+    queue: str
+    tasks: int
+    after_completions: int = 0
+
+
 #: The default mix: every task can run anywhere.
 ANY_TASK = CapabilityDemand(frozenset(), 1.0)
 
@@ -103,6 +129,14 @@ class Scenario:
     lease_seconds: float = 30.0
     seed: int = 1
     execution: str = "shared"
+    queues: tuple[QueueConfig, ...] = ()
+    teams: tuple[TeamConfig, ...] = ()
+
+    @property
+    def tenants(self) -> bool:
+        """A tenants scenario: teams flood AgentQueues (``tasks``, ``load``,
+        ``arrival_rate`` and ``capability_mix`` do not apply)."""
+        return bool(self.teams)
 
     def capacity(self, worker: WorkerConfig) -> float:
         """Cost units per second ``worker`` completes while it holds as much as it may."""
@@ -157,7 +191,50 @@ class Scenario:
         for demand in self.capability_mix:
             _positive("capability_mix.share", demand.share)
         _positive("lease_seconds", self.lease_seconds)
+        if self.teams or self.queues:
+            _check_tenants(self.queues, self.teams)
         return self
+
+
+def _check_tenants(queues: Sequence[QueueConfig], teams: Sequence[TeamConfig]) -> None:
+    if not teams:
+        raise ScenarioError("teams: queues need at least one team")
+    names = [q.name for q in queues]
+    if len(set(names)) != len(names):
+        raise ScenarioError("queues: names must be unique")
+    by_name = {q.name: q for q in queues}
+    for queue in queues:
+        if not queue.name or "/" in queue.name:
+            raise ScenarioError(f"queues: {queue.name!r} is not a queue name")
+        _positive(f"queues.{queue.name}.weight", queue.weight)
+        if queue.parent is not None and queue.parent not in by_name:
+            raise ScenarioError(f"queues.{queue.name}.parent: no queue named {queue.parent!r}")
+        seen = {queue.name}
+        parent = queue.parent
+        while parent is not None:
+            if parent in seen:
+                raise ScenarioError(f"queues.{queue.name}.parent: the parents form a cycle")
+            seen.add(parent)
+            parent = by_name[parent].parent
+    inner = {q.parent for q in queues if q.parent is not None}
+    for team in teams:
+        if team.queue not in by_name:
+            raise ScenarioError(f"teams.{team.queue}: no queue named {team.queue!r}")
+        if team.queue in inner:
+            raise ScenarioError(f"teams.{team.queue}: only a leaf queue (no children) holds tasks")
+        if isinstance(team.tasks, bool) or not isinstance(team.tasks, int) or team.tasks < 1:
+            raise ScenarioError(f"teams.{team.queue}.tasks: must be an integer >= 1")
+        if team.after_completions < 0:
+            raise ScenarioError(f"teams.{team.queue}.after_completions: must be >= 0")
+    if len({t.queue for t in teams}) != len(teams):
+        raise ScenarioError("teams: one team per queue")
+    for team in teams:
+        # A flood waits for completions of the floods before it: there must be enough.
+        earlier = sum(t.tasks for t in teams if t.after_completions < team.after_completions)
+        if team.after_completions > earlier:
+            raise ScenarioError(
+                f"teams.{team.queue}.after_completions: only {earlier} task(s) arrive before it"
+            )
 
 
 def _positive(what: str, value: float) -> None:
@@ -202,9 +279,10 @@ def scenario_from_mapping(data: object) -> Scenario:
         data,
         [
             *("seed", "tasks", "load", "arrival_rate", "cost", "capability_mix"),
-            *("workers", "lease_seconds", "execution"),
+            *("workers", "lease_seconds", "execution", "queues", "teams"),
         ],
     )
+    queues, teams = _tenants(top)
     workers = []
     raw_workers = top.get("workers")
     if not isinstance(raw_workers, list):
@@ -270,6 +348,8 @@ def scenario_from_mapping(data: object) -> Scenario:
     if load is None and rate is None:
         load = 0.8
     return Scenario(
+        queues=queues,
+        teams=teams,
         workers=tuple(workers),
         tasks=_integer("tasks", top.get("tasks", 3000)),
         load=load,
@@ -282,6 +362,51 @@ def scenario_from_mapping(data: object) -> Scenario:
     ).check()
 
 
+def _tenants(top: Mapping[str, Any]) -> tuple[tuple[QueueConfig, ...], tuple[TeamConfig, ...]]:
+    """The ``queues`` and ``teams`` of a tenants scenario (both empty otherwise)."""
+    if "teams" not in top:
+        if "queues" in top:
+            raise ScenarioError("queues: give the teams that flood them (teams)")
+        return (), ()
+    clash = sorted({"tasks", "load", "arrival_rate", "capability_mix"} & set(top))
+    if clash:
+        raise ScenarioError(
+            f"{', '.join(clash)}: does not apply to a scenario with teams (each team says "
+            "how many tasks it sends, and when)"
+        )
+    raw_queues, raw_teams = top.get("queues"), top["teams"]
+    if not isinstance(raw_queues, list) or not raw_queues:
+        raise ScenarioError("queues: expected a list of queues")
+    if not isinstance(raw_teams, list) or not raw_teams:
+        raise ScenarioError("teams: expected a list of teams")
+    queues = []
+    for index, raw in enumerate(raw_queues):
+        entry = _fields(f"queues[{index}]", raw, ["name", "weight", "parent"])
+        name, parent = entry.get("name"), entry.get("parent")
+        if not isinstance(name, str) or not name:
+            raise ScenarioError(f"queues[{index}].name: expected a name")
+        if parent is not None and not isinstance(parent, str):
+            raise ScenarioError(f"queues.{name}.parent: expected a queue name")
+        weight = _number(f"queues.{name}.weight", entry.get("weight", 1.0))
+        queues.append(QueueConfig(name, weight=weight, parent=parent))
+    teams = []
+    for index, raw in enumerate(raw_teams):
+        entry = _fields(f"teams[{index}]", raw, ["queue", "tasks", "after_completions"])
+        queue = entry.get("queue")
+        if not isinstance(queue, str) or not queue:
+            raise ScenarioError(f"teams[{index}].queue: expected a queue name")
+        teams.append(
+            TeamConfig(
+                queue,
+                tasks=_integer(f"teams.{queue}.tasks", entry.get("tasks")),
+                after_completions=_integer(
+                    f"teams.{queue}.after_completions", entry.get("after_completions", 0)
+                ),
+            )
+        )
+    return tuple(queues), tuple(teams)
+
+
 # -- presets --------------------------------------------------------------------------------
 
 _WEIGHTED = (
@@ -289,6 +414,10 @@ _WEIGHTED = (
     WorkerConfig("medium", weight=2.0),
     WorkerConfig("large", weight=4.0),
 )
+
+_POOL = tuple(WorkerConfig(f"agent-{i}", weight=1.0, max_in_flight=2) for i in range(1, 5))
+_TENANT_COST = CostModel(distribution="uniform", low=0.5, high=1.5)
+_TEAMS = (TeamConfig("team-a", 300), TeamConfig("team-b", 100, after_completions=20))
 
 PRESETS: dict[str, Scenario] = {
     # The issue's target: weights 1:2:4 (capacity in proportion), Pareto(1.5) costs,
@@ -318,11 +447,46 @@ PRESETS: dict[str, Scenario] = {
         tasks=5000,
         load=0.8,
     ),
+    # Tenants (issue 20): one pool of four agents (two tasks each) shared by two teams'
+    # AgentQueues of equal weights; team A floods 300 tasks, team B sends 100 after the
+    # pool's first 20 completions. Costs between 0.5 and 1.5, so that the share of the
+    # completions tells the same story as the share of cost.
+    "tenants": Scenario(
+        workers=_POOL,
+        cost=_TENANT_COST,
+        queues=(QueueConfig("team-a"), QueueConfig("team-b")),
+        teams=_TEAMS,
+    ),
+    # The same with weights 1:3: the team that comes second gets three quarters.
+    "tenants-weighted": Scenario(
+        workers=_POOL,
+        cost=_TENANT_COST,
+        queues=(QueueConfig("team-a", weight=1.0), QueueConfig("team-b", weight=3.0)),
+        teams=_TEAMS,
+    ),
+    # Nested: orgs 2:1, two teams of equal weights under org-a; team-a1 floods 300
+    # tasks, team-a2 and org-b 100 each after the first 20 completions.
+    "tenants-nested": Scenario(
+        workers=_POOL,
+        cost=_TENANT_COST,
+        queues=(
+            QueueConfig("org-a", weight=2.0),
+            QueueConfig("team-a1", parent="org-a"),
+            QueueConfig("team-a2", parent="org-a"),
+            QueueConfig("org-b", weight=1.0),
+        ),
+        teams=(
+            TeamConfig("team-a1", 300),
+            TeamConfig("team-a2", 100, after_completions=20),
+            TeamConfig("org-b", 100, after_completions=20),
+        ),
+    ),
 }
 
 
 def preset(name: str) -> Scenario:
-    """A built-in scenario by name (``weighted``, ``crash``, ``capabilities``)."""
+    """A built-in scenario by name (``weighted``, ``crash``, ``capabilities``, ``tenants``,
+    ``tenants-weighted``, ``tenants-nested``)."""
     try:
         return PRESETS[name]
     except KeyError:
