@@ -12,6 +12,9 @@ and a w1 of another namespace are refused (403); the task deleted, the claim is 
 from __future__ import annotations
 
 import asyncio
+import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,3 +160,39 @@ def test_only_the_holders_own_token_of_the_operators_audience_gets_the_task(
     assert counted(403) == before[403] + 4
     assert counted(401) == before[401] + 1
     assert counted(410) == before[410] + 1
+
+
+def test_the_operator_serves_the_claim_api_on_its_claim_port(
+    agentq_crds: None, fleet: Fleet, core_api: client.CoreV1Api
+) -> None:
+    """``agentq operator --claim-port``: the API answers from the operator's process
+    (a claim it does not know is 404 to its rightful worker, 403 to another audience's
+    token, 401 without one) and stops with it."""
+    create_account(core_api, fleet.namespace, "agentq-agent-w1")
+    good = token(core_api, fleet.namespace, "agentq-agent-w1", audiences=[AUDIENCE])
+    other = token(core_api, fleet.namespace, "agentq-agent-w1")
+    port = free_port()
+    operator = fleet.operator("--claim-port", str(port))
+    url = f"http://127.0.0.1:{port}/v1/claims/{fleet.namespace}/agentq-xtask-team.job"
+
+    def ask(bearer: str | None) -> int:
+        request = urllib.request.Request(
+            url, headers={"Authorization": f"Bearer {bearer}"} if bearer else {}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as rsp:
+                return int(rsp.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            first = ask(None)
+            break
+        except urllib.error.URLError:
+            assert time.monotonic() < deadline, operator.text()[-3000:]
+            time.sleep(0.2)
+    assert first == 401
+    assert ask(other) == 403
+    assert ask(good) == 404
