@@ -34,8 +34,16 @@ def bound_pod(core: client.CoreV1Api, namespace: str, account: str, name: str) -
     )
 
 
-def token(core: client.CoreV1Api, namespace: str, account: str, *, pod: Any | None = None) -> str:
-    """A TokenRequest token of ``account``, bound to ``pod`` if given."""
+def token(
+    core: client.CoreV1Api,
+    namespace: str,
+    account: str,
+    *,
+    pod: Any | None = None,
+    audiences: list[str] | None = None,
+) -> str:
+    """A TokenRequest token of ``account``, bound to ``pod`` if given; for ``audiences``
+    if given, else the API server's own."""
     bound = (
         client.V1BoundObjectReference(
             api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
@@ -48,7 +56,7 @@ def token(core: client.CoreV1Api, namespace: str, account: str, *, pod: Any | No
         namespace,
         client.AuthenticationV1TokenRequest(
             spec=client.V1TokenRequestSpec(
-                audiences=[], expiration_seconds=3600, bound_object_ref=bound
+                audiences=audiences or [], expiration_seconds=3600, bound_object_ref=bound
             )
         ),
     )

@@ -22,6 +22,7 @@ from agentq.sidecar.attempts import Attempt, Attempts
 from agentq.sidecar.auth import Guard
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
+from agentq.sidecar.operator_claims import OperatorClaims
 from agentq.sidecar.renewer import Renewer
 from agentq.sidecar.watcher import TaskLeaseWatcher
 from agentq.sidecar.worker_lease import WorkerLeaseKeeper
@@ -148,6 +149,33 @@ def task_lease(task: str = "job", *, token: int = 7, holder: str = WORKER) -> Bo
     }
 
 
+def cross_task_lease(
+    namespace: str = "team-a", task: str = "job", *, token: int = 7, holder: str = WORKER
+) -> Body:
+    """The Lease, in the sidecar's namespace, of a claim of task ``task`` of ``namespace``
+    (docs/tenancy.md, "Cross-namespace claims"): no owner reference."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": protocol.cross_task_lease_name(namespace, task),
+            "namespace": NS,
+            "labels": {
+                protocol.LABEL_LEASE_KIND: "task",
+                protocol.LABEL_TASK: protocol.label_value(task),
+                protocol.LABEL_WORKER: WORKER,
+                protocol.LABEL_TASK_NAMESPACE: namespace,
+            },
+            "annotations": {
+                protocol.ANNOTATION_TOKEN: str(token),
+                protocol.ANNOTATION_ATTEMPT: "1",
+                protocol.ANNOTATION_TASK_UID: "uid-x",
+            },
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 30},
+    }
+
+
 def agent_task(task: str = "job") -> Body:
     return {
         "metadata": {"name": task, "namespace": NS, "uid": "uid-1"},
@@ -158,8 +186,15 @@ def agent_task(task: str = "job") -> Body:
 class Sidecar:
     """The sidecar's parts over a FakeApi, wired as ``agentq.sidecar.command`` wires them."""
 
-    def __init__(self, api: FakeApi | None = None, *, identity: str = "pod-1") -> None:
+    def __init__(
+        self,
+        api: FakeApi | None = None,
+        *,
+        identity: str = "pod-1",
+        claims: OperatorClaims | None = None,
+    ) -> None:
         self.api = api or FakeApi()
+        self.claims = claims
         self.clock = FakeClock()
         self.attempts = Attempts(namespace=NS, worker=WORKER)
         self.changes = Changes()
@@ -183,6 +218,7 @@ class Sidecar:
             namespace=NS,
             worker=WORKER,
             serve_from_rv=lambda: self.keeper.serve_from_rv,
+            claims=claims,
         )
         self.renewer = Renewer(
             kube, self.clock, self.attempts, self.changes, self.keeper, worker=WORKER
@@ -200,6 +236,11 @@ class Sidecar:
             loops=lambda: [],
             guard=Guard(secret=SECRET, listen_host="127.0.0.1", token_file="/tmp/unused"),
         )
+
+    async def close(self) -> None:
+        """Close what the test's sidecar opened (its operator client's session)."""
+        if self.claims is not None:
+            await self.claims.close()
 
     def lost(self, reason: str) -> None:
         """The worker Lease is lost (what ``Sidecar._lost`` does)."""

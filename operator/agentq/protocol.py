@@ -20,6 +20,8 @@ from agentq import GROUP
 LABEL_LEASE_KIND = f"{GROUP}/lease"  # "task" or "worker"
 LABEL_TASK = f"{GROUP}/task"
 LABEL_WORKER = f"{GROUP}/worker"
+# On a cross-namespace claim's Lease (in the worker's namespace): the task's namespace.
+LABEL_TASK_NAMESPACE = f"{GROUP}/task-namespace"
 ANNOTATION_TOKEN = f"{GROUP}/fencing-token"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
@@ -39,6 +41,9 @@ LEASE_KIND_TASK = "task"
 LEASE_KIND_WORKER = "worker"
 
 TASK_LEASE_PREFIX = "agentq-task-"
+# A claim of a task of another namespace: its Lease lives in the worker's namespace as
+# ``agentq-xtask-<task namespace>.<task>`` (docs/tenancy.md, "Cross-namespace claims").
+XTASK_LEASE_PREFIX = "agentq-xtask-"
 WORKER_LEASE_PREFIX = "agentq-worker-"
 
 # An annotation value is bounded by the 256 KiB total of all annotations; keep
@@ -100,6 +105,24 @@ def label_value(name: str) -> str:
 
 def task_lease_name(task: str) -> str:
     return _shorten(TASK_LEASE_PREFIX + task, 253)
+
+
+def cross_task_lease_name(namespace: str, task: str) -> str:
+    """The name of the Lease, in the worker's namespace, of a claim of task ``task`` of
+    namespace ``namespace``. A namespace is a DNS label (no dot), so the name splits
+    back at its first dot (``split_cross_task``) unless it had to be shortened."""
+    return _shorten(f"{XTASK_LEASE_PREFIX}{namespace}.{task}", 253)
+
+
+def split_cross_task(rest: str) -> tuple[str, str] | None:
+    """``"<namespace>.<task>"`` (a cross-namespace Lease's name without its prefix) as
+    ``(namespace, task)``; None if it has no dot or an empty side. A shortened name
+    (over 253 characters) splits into a task name that is not the task's: the Lease's
+    labels and annotations, not its name, say which task it is."""
+    namespace, dot, task = rest.partition(".")
+    if not dot or not namespace or not task:
+        return None
+    return namespace, task
 
 
 def worker_lease_name(worker: str) -> str:

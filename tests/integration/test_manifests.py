@@ -65,11 +65,35 @@ def test_install_base_holds_everything_an_install_needs(control_plane: ControlPl
     network = objects[("NetworkPolicy", "agentq-operator")]["spec"]
     assert network["podSelector"]["matchLabels"] == labels
     assert network["policyTypes"] == ["Ingress"]
-    (rule,) = network["ingress"]
-    assert rule["from"] == [
+    scrape, claims = network["ingress"]
+    assert scrape["from"] == [
         {"namespaceSelector": {"matchLabels": {"agentq.dev/metrics-access": "allow"}}}
     ]
-    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert scrape["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    # The claim port: agent pods of any namespace only (the agent pods' label: below).
+    assert claims["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "agentq-agent"}},
+        }
+    ]
+    assert claims["ports"] == [{"protocol": "TCP", "port": "claims"}]
+    # The claim API: on its own port, behind a Service over every replica; it checks
+    # agents' tokens with TokenReviews, which the operator may create.
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["claims"] == int(env["AGENTQ_CLAIM_PORT"]) == 8444
+    service = objects[("Service", "agentq-operator-claims")]
+    assert service["metadata"]["namespace"] == "agentq-system"
+    assert service["spec"]["selector"] == labels
+    assert service["spec"]["ports"] == [
+        {"name": "claims", "port": 8444, "targetPort": "claims", "protocol": "TCP"}
+    ]
+    assert {
+        "apiGroups": ["authentication.k8s.io"],
+        "resources": ["tokenreviews"],
+        "verbs": ["create"],
+    } in objects[("ClusterRole", "agentq-operator")]["rules"]
     # The agent role: no delete, no AgentTask writes, no status writes.
     agent_rules = objects[("ClusterRole", "agentq-agent")]["rules"]
     for rule in agent_rules:
@@ -96,6 +120,17 @@ def test_agent_base_runs_the_sidecar_as_a_native_sidecar(control_plane: ControlP
     binding = objects[("RoleBinding", "agentq-agent-example")]
     assert binding["roleRef"]["name"] == "agentq-agent"
     assert_credentials_only_in_the_sidecar(pod)
+    # The sidecar reaches the operator's claim API through its Service, and the
+    # NetworkPolicy admits these pods by their label.
+    base = _by_kind(install_base(control_plane.kubectl_path))
+    service = base[("Service", "agentq-operator-claims")]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    port = service["spec"]["ports"][0]["port"]
+    assert env["AGENTQ_OPERATOR_URL"] == f"http://{name}.{namespace}.svc:{port}"
+    (_, claims) = base[("NetworkPolicy", "agentq-operator")]["spec"]["ingress"]
+    labels = objects[("Deployment", "agent-example")]["spec"]["template"]["metadata"]["labels"]
+    assert claims["from"][0]["podSelector"]["matchLabels"].items() <= labels.items()
     # Rendered for another worker, every reference to the worker follows.
     renamed = _by_kind(agent_objects(control_plane.kubectl_path, worker="large", namespace="ns1"))
     assert ("ServiceAccount", "agentq-agent-large") in renamed
@@ -127,6 +162,21 @@ def assert_credentials_only_in_the_sidecar(pod: dict[str, Any]) -> None:
     assert [s["configMap"]["name"] for s in sources if "configMap" in s] == ["kube-root-ca.crt"]
     assert not any(m["name"] == account["name"] for m in mounts["agent"].values())
     assert not any(p.startswith("/var/run/secrets") for p in mounts["agent"])
+    # The token for the operator's claim API: its audience alone, 10 minutes, the
+    # sidecar alone, where AGENTQ_OPERATOR_TOKEN_FILE says.
+    sidecar_env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    token_path = Path(sidecar_env["AGENTQ_OPERATOR_TOKEN_FILE"])
+    operator = mounts["sidecar"][str(token_path.parent)]
+    assert operator.get("readOnly") is True
+    (source,) = volumes[operator["name"]]["projected"]["sources"]
+    assert source == {
+        "serviceAccountToken": {
+            "path": token_path.name,
+            "audience": "agentq.dev/operator",
+            "expirationSeconds": 600,
+        }
+    }
+    assert not any(m["name"] == operator["name"] for m in mounts["agent"].values())
     shared = {m["name"] for m in mounts["sidecar"].values()} & {
         m["name"] for m in mounts["agent"].values()
     }

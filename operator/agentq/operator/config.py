@@ -72,6 +72,15 @@ class OperatorConfig:
     metrics_port: int = setting(
         8080, at_least=0, at_most=65535, help="Prometheus /metrics on 0.0.0.0:port; 0 disables"
     )
+    # Cross-namespace claims' tasks, for their holders' sidecars (claim_api.py); the
+    # manifests serve it on 8444 behind a Service and a NetworkPolicy.
+    claim_port: int = setting(
+        0,
+        at_least=0,
+        at_most=65535,
+        help="the claim API (a cross-namespace claim's task, for its holder) on "
+        "0.0.0.0:port; 0 disables",
+    )
     # Off only for a single replica run by hand.
     leader_election: bool = setting(True, shown="on", help="elect a leader among the replicas")
     leader_namespace: str = setting(

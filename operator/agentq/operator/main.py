@@ -24,6 +24,7 @@ from agentq import GROUP, VERSION, kube, protocol
 from agentq.clock import SystemClock
 from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import metrics
+from agentq.operator.claim_api import ClaimServer
 from agentq.operator.config import OperatorConfig
 from agentq.operator.controller import Controller
 from agentq.operator.health import WatchHealth
@@ -167,6 +168,13 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     controller = Controller(kube=port, clock=clock, config=config, health=health)
     silence.listen(controller.note_api_silence)
     metrics.serve(config.metrics_port)
+    claims: ClaimServer | None = None
+    if config.claim_port:
+        # The store's lookup of a current claim; without one (no_claims) every claim is 404.
+        lookup = getattr(controller, "claim_ref", None)
+        claims = await ClaimServer.start(
+            kubeconfig, lookup, port=config.claim_port, timeout=config.request_seconds
+        )
     metrics.LEADER.set(1 if controller.leading else 0)
 
     draining: list[asyncio.Task[None]] = []
@@ -279,6 +287,8 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
         task.cancel()
     await asyncio.gather(*core, *watchers, return_exceptions=True)
     await watch_client.close()
+    if claims is not None:
+        await claims.close()
     await port.close()
     log.info("agentq operator %s stopped", config.identity)
 

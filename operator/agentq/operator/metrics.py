@@ -131,6 +131,13 @@ EVENTS_QUEUED = Gauge(
     "Kubernetes Events waiting to be written (they yield to decisions while those wait).",
 )
 
+CLAIM_API_REQUESTS = Counter(
+    "agentq_claim_api_requests_total",
+    "Requests to the claim API (a cross-namespace claim's task for its holder), by the "
+    "HTTP status answered (403: refused; 404: claim not known here; 410: claim over).",
+    ["code"],
+)
+
 
 def forget_worker(namespace: str, worker: str) -> None:
     """Drop the series of a deleted worker (they would otherwise be kept forever)."""

@@ -30,6 +30,12 @@ sidecar does not hold its worker Lease.
 A revoked claim (the operator's ``agentq.dev/revoked`` on its Lease) is renewed no
 more and offered to no agent; once its agent has been told (or never beat for
 it), the sidecar lets the Lease go (``releasable``) and the operator ends the task.
+
+A claim of a task of another namespace (docs/tenancy.md, "Cross-namespace claims")
+has its Lease here too, ``agentq-xtask-<task namespace>.<task>``; the agent knows
+that attempt by the Lease's name without the prefix (``<task namespace>.<task>``),
+its *task id*. Everything here is keyed by task id; the Lease of an attempt is always
+its own ``lease_name``, never one made again from the id.
 """
 
 from __future__ import annotations
@@ -107,6 +113,7 @@ class LeaseView:
     resource_version: int | None
     duration: float | None
     revoked: str | None = None  # why the operator revoked the claim
+    task_namespace: str | None = None  # a cross-namespace claim: the task's namespace
 
     @classmethod
     def of(cls, lease: Body) -> LeaseView | None:
@@ -123,8 +130,19 @@ class LeaseView:
             ),
             None,
         )
-        task = str(owner["name"]) if owner else labels.get(protocol.LABEL_TASK)
-        if not task or not meta.get("name"):
+        name = str(meta.get("name") or "")
+        task: str | None
+        task_namespace = None
+        if name.startswith(protocol.XTASK_LEASE_PREFIX):
+            # A claim of another namespace's task: no owner (it cannot cross namespaces),
+            # and the task label may be shortened; the agent's id for it is the name's rest.
+            task = name[len(protocol.XTASK_LEASE_PREFIX) :]
+            task_namespace = labels.get(protocol.LABEL_TASK_NAMESPACE)
+            if not task_namespace and (split := protocol.split_cross_task(task)):
+                task_namespace = split[0]
+        else:
+            task = str(owner["name"]) if owner else labels.get(protocol.LABEL_TASK)
+        if not task or not name:
             return None
         uid = annotations.get(protocol.ANNOTATION_TASK_UID) or (owner or {}).get("uid")
         try:
@@ -142,6 +160,7 @@ class LeaseView:
             resource_version=_rv(lease),
             duration=float(duration) if isinstance(duration, int | float) else None,
             revoked=_revoke_reason(annotations.get(protocol.ANNOTATION_REVOKED)),
+            task_namespace=task_namespace or None,
         )
 
 
@@ -162,8 +181,8 @@ def _rv(body: Body) -> int | None:
 class Attempt:
     """One grant of a task to this worker, and what the agent and the sidecar did with it."""
 
-    task: str
-    namespace: str
+    task: str  # the task id the agent uses: the task's name, or <namespace>.<task>
+    namespace: str  # the sidecar's: where the Lease is
     worker: str
     lease_name: str
     token: int
@@ -187,6 +206,12 @@ class Attempt:
     revoked: str | None = None  # the operator revoked the claim (why); renewed no more
     told: bool = False  # the agent was answered that it is revoked
     releasing: bool = False  # the Lease is being let go
+    task_namespace: str | None = None  # a cross-namespace claim: the task's namespace
+
+    @property
+    def cross(self) -> bool:
+        """A claim of another namespace's task: its payload comes from the operator."""
+        return self.lease_name.startswith(protocol.XTASK_LEASE_PREFIX)
 
     @property
     def expires_at(self) -> float:
@@ -218,7 +243,7 @@ class Attempt:
         deadline = wall + datetime.timedelta(seconds=remaining)
         out: dict[str, Any] = {
             "task": self.task,
-            "namespace": self.namespace,
+            "namespace": self.task_namespace or self.namespace,
             "worker": self.worker,
             "uid": self.uid,
             "attempt": self.attempt,
@@ -279,6 +304,15 @@ class Attempts:
                 holder = view.holder or "nobody"
                 self._end(known, f"the Lease is now held by {holder} with token {view.token}")
             return None
+        if (
+            known is not None
+            and known.lease_name != view.name
+            and _cross(view.name) != _cross(known.lease_name)
+        ):
+            # Task "a.b" of this namespace and task "b" of namespace "a" share the id
+            # "a.b": the one served first is kept; the other is not served (its Lease
+            # runs out and the operator grants it again, maybe elsewhere).
+            return None
         if known is not None and known.token == view.token:
             if _newer(lease, known.lease):
                 known.lease = slim(lease)
@@ -314,6 +348,7 @@ class Attempts:
             lease=slim(lease),
             uid=view.task_uid,
             revoked=view.revoked,
+            task_namespace=view.task_namespace,
         )
         if view.duration:
             attempt.lease_seconds = view.duration
@@ -411,8 +446,9 @@ class Attempts:
                     token=token,
                 )
             raise lease_lost(task, token, ended.reason)
-        name = protocol.task_lease_name(task)
-        if name in self.inherited and self.inherited[name] == token:
+        if any(
+            name in self.inherited and self.inherited[name] == token for name in lease_names(task)
+        ):
             raise lease_lost(
                 task,
                 token,
@@ -535,6 +571,16 @@ class Attempts:
         self.version += 1
         if withdrawn:
             self.offered = self.version
+
+
+def lease_names(task: str) -> tuple[str, str]:
+    """The names the Lease of task id ``task`` may have: a task of this namespace's, or
+    a cross-namespace claim's (whose id is its Lease's name without the prefix)."""
+    return protocol.task_lease_name(task), protocol.XTASK_LEASE_PREFIX + task
+
+
+def _cross(lease_name: str) -> bool:
+    return lease_name.startswith(protocol.XTASK_LEASE_PREFIX)
 
 
 def _listed(attempt: Attempt) -> bool:

@@ -42,6 +42,8 @@ from agentq.sidecar.attempts import Attempts
 from agentq.sidecar.auth import Guard, is_loopback_listen, new_secret, write_token_file
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import KubeApi
+from agentq.sidecar.operator_claims import DEFAULT_TOKEN_FILE as DEFAULT_OPERATOR_TOKEN_FILE
+from agentq.sidecar.operator_claims import OperatorClaims
 from agentq.sidecar.registration import register
 from agentq.sidecar.renewer import Renewer
 from agentq.sidecar.watcher import TaskLeaseWatcher
@@ -68,6 +70,10 @@ class SidecarConfig:
     token_file: str = DEFAULT_TOKEN_FILE  # where the pod's secret is written at start
     metrics_host: str | None = "127.0.0.1"  # None: no metrics/health port
     metrics_port: int = 8701
+    # Where cross-namespace claims' tasks are read (None: such claims are not served),
+    # and the projected token (audience agentq.dev/operator) that authenticates us there.
+    operator_url: str | None = None
+    operator_token_file: str = DEFAULT_OPERATOR_TOKEN_FILE
 
 
 class StartError(RuntimeError):
@@ -79,6 +85,15 @@ def parse_listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise click.BadParameter(f"{value!r} is not HOST:PORT")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _operator_url(value: str | None) -> str | None:
+    if not value or not value.strip():
+        return None
+    value = value.strip()
+    if not value.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{value!r} is not an http(s) URL", param_hint="--operator-url")
+    return value
 
 
 def default_namespace() -> str:
@@ -98,6 +113,11 @@ class Sidecar:
         self.api = KubeApi.from_kubeconfig(config.kubeconfig)
         self.attempts = Attempts(namespace=config.namespace, worker=config.worker)
         self.changes = Changes()
+        self.claims = (
+            OperatorClaims(config.operator_url, config.operator_token_file)
+            if config.operator_url
+            else None
+        )
         self.keeper = WorkerLeaseKeeper(
             self.api,
             self.clock,
@@ -117,6 +137,7 @@ class Sidecar:
             namespace=config.namespace,
             worker=config.worker,
             serve_from_rv=lambda: self.keeper.serve_from_rv,
+            claims=self.claims,
         )
         self.renewer = Renewer(
             self.api,
@@ -205,6 +226,7 @@ class Sidecar:
                     "worker": self.config.worker,
                     "namespace": self.config.namespace,
                     "identity": self.config.identity,
+                    "operatorUrl": self.config.operator_url,
                 }
             ),
             flush=True,
@@ -257,6 +279,9 @@ class Sidecar:
         for runner in runners:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(runner.cleanup(), timeout=budget * 0.1)
+        if self.claims is not None:
+            with contextlib.suppress(Exception):
+                await self.claims.close()
         await self.api.close()
         log.info("stopped")
 
@@ -352,6 +377,21 @@ async def serve(config: SidecarConfig) -> None:
     help="longest a SIGTERM shutdown takes [AGENTQ_SHUTDOWN_SECONDS]",
 )
 @click.option(
+    "--operator-url",
+    envvar="AGENTQ_OPERATOR_URL",
+    help="the operator's claim API (e.g. http://agentq-operator-claims.agentq-system.svc:8444), "
+    "where the tasks of cross-namespace claims are read; unset: such claims are not served "
+    "[AGENTQ_OPERATOR_URL]",
+)
+@click.option(
+    "--operator-token-file",
+    envvar="AGENTQ_OPERATOR_TOKEN_FILE",
+    default=DEFAULT_OPERATOR_TOKEN_FILE,
+    show_default=True,
+    help="a projected ServiceAccount token of audience agentq.dev/operator, read for every "
+    "claim read (it rotates) [AGENTQ_OPERATOR_TOKEN_FILE]",
+)
+@click.option(
     "--log-level",
     envvar="AGENTQ_LOG_LEVEL",
     default="INFO",
@@ -371,6 +411,8 @@ def sidecar(
     max_in_flight: int | None,
     worker_lease_seconds: int,
     shutdown_seconds: float,
+    operator_url: str | None,
+    operator_token_file: str,
     log_level: str,
 ) -> None:
     """Run the heartbeat sidecar of one agent: worker Lease, task Leases, agent API."""
@@ -415,6 +457,8 @@ def sidecar(
         token_file=token_file,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
+        operator_url=_operator_url(operator_url),
+        operator_token_file=operator_token_file,
     )
     try:
         asyncio.run(serve(config))

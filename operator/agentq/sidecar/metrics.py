@@ -50,6 +50,13 @@ AGENT_ERRORS = Counter(
     ["code"],
     registry=REGISTRY,
 )
+CLAIM_READS = Counter(
+    "agentq_sidecar_claim_reads_total",
+    "Reads of cross-namespace claims' tasks from the operator, by answer: the HTTP status "
+    "(200; 403 refused, 404 not known yet, 410 ended, ...), or 'error' without one.",
+    ["code"],
+    registry=REGISTRY,
+)
 ASSIGNMENTS = Gauge(
     "agentq_sidecar_assignments", "Attempts offered to the agent now.", registry=REGISTRY
 )

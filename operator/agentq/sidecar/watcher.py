@@ -11,7 +11,11 @@ we knew: a Lease that is no longer there ended its attempt.
 A new attempt is offered to the agent once its AgentTask has been read (one
 GET): the payload, the task's lease duration and heartbeat interval (the task's
 spec is what the operator judges by), and its UID, which must match the UID the
-Lease names.
+Lease names. A cross-namespace claim (an ``agentq-xtask-`` Lease) is not read from
+the API server, where the sidecar may not read the team's AgentTasks, but from the
+operator (``operator_claims``): a 403 or 404 is tried again with backoff while the
+attempt is current (the operator may not have seen the Lease yet), a 410 (the claim
+ended) drops it, and without an operator URL it is dropped at once, said in the log.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from agentq import GROUP, VERSION, protocol
 from agentq.clock import Clock
 from agentq.kube import Backoff
 from agentq.models import AgentTaskSpec
+from agentq.sidecar import metrics
 from agentq.sidecar.attempts import Attempt, Attempts
 from agentq.sidecar.changes import Changes
 from agentq.sidecar.kubeapi import ApiError, KubeApi, custom_path, lease_path
+from agentq.sidecar.operator_claims import ClaimError, OperatorClaims
 
 log = logging.getLogger("agentq.sidecar.watcher")
 
@@ -55,8 +61,10 @@ class TaskLeaseWatcher:
         namespace: str,
         worker: str,
         serve_from_rv: Callable[[], int],
+        claims: OperatorClaims | None = None,
     ) -> None:
         self.api = api
+        self.claims = claims  # where cross-namespace claims' tasks are read (None: nowhere)
         self.clock = clock
         self.attempts = attempts
         self.changes = changes
@@ -163,6 +171,9 @@ class TaskLeaseWatcher:
         task.add_done_callback(self._fetches.discard)
 
     async def _read_task(self, attempt: Attempt) -> None:
+        if attempt.cross:
+            await self._read_claim(attempt)
+            return
         backoff = Backoff(initial=0.2, maximum=2.0)
         path = custom_path(GROUP, VERSION, self.namespace, "agenttasks", attempt.task)
         while self.attempts.current.get(attempt.task) is attempt:
@@ -178,6 +189,51 @@ class TaskLeaseWatcher:
                 log.warning("reading task %s: %s; retrying", attempt.task, err)
             except Exception:  # this task's end is unobserved: never leave the attempt pending
                 log.exception("reading task %s failed; retrying", attempt.task)
+            await asyncio.sleep(backoff.next())
+
+    async def _read_claim(self, attempt: Attempt) -> None:
+        """A cross-namespace claim's task, from the operator (see the module docstring)."""
+        if self.claims is None:
+            log.error(
+                "task %s is a claim of another namespace's task (Lease %s), whose payload "
+                "only the operator hands out, and no --operator-url is set; not serving it",
+                attempt.task,
+                attempt.lease_name,
+            )
+            self.attempts.drop(attempt, "no --operator-url to read a cross-namespace task from")
+            self.changes.notify()
+            return
+        backoff = Backoff(initial=0.2, maximum=5.0)
+        while self.attempts.current.get(attempt.task) is attempt:
+            try:
+                task = await self.claims.read(self.namespace, attempt.lease_name)
+                metrics.CLAIM_READS.labels(code="200").inc()
+                self._activate(attempt, task)
+                return
+            except ClaimError as err:
+                metrics.CLAIM_READS.labels(code=str(err.status) if err.status else "error").inc()
+                if err.status == 410:
+                    self.attempts.drop(attempt, f"the operator says the claim ended: {err.message}")
+                    self.changes.notify()
+                    return
+                if err.status == 404:
+                    log.info(
+                        "the operator does not know claim %s yet; retrying", attempt.lease_name
+                    )
+                elif err.status in (401, 403):
+                    log.warning(
+                        "the operator refused to hand over claim %s (HTTP %s: %s); retrying",
+                        attempt.lease_name,
+                        err.status,
+                        err.message,
+                    )
+                else:
+                    log.warning(
+                        "reading claim %s from the operator: %s; retrying", attempt.lease_name, err
+                    )
+            except Exception:  # never leave the attempt pending for good
+                metrics.CLAIM_READS.labels(code="error").inc()
+                log.exception("reading claim %s from the operator failed; retrying", attempt.task)
             await asyncio.sleep(backoff.next())
 
     def _activate(self, attempt: Attempt, task: Body) -> None:

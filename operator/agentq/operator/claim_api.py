@@ -1,0 +1,365 @@
+"""The operator's claim API: a cross-namespace claim's task, for its holder only.
+
+A claim of a task of a team's namespace by a worker of a pool namespace has its
+Lease in the pool (docs/tenancy.md, "Cross-namespace claims"); the worker's
+sidecar may not read the team's AgentTasks, so the operator hands the task over:
+
+``GET /v1/claims/{lease namespace}/{lease name}`` with
+``Authorization: Bearer <projected ServiceAccount token, audience agentq.dev/operator>``
+
+1. no bearer token: 401;
+2. a TokenReview for that audience (through the operator's own client, answers
+   cached for ``REVIEW_SECONDS`` by the token's SHA-256, at most
+   ``REVIEW_CACHE_SIZE`` of them; concurrent requests with one token share one
+   review): the user must be ``system:serviceaccount:<lease namespace>:agentq-agent-<worker>``,
+   else 403 (a token of another audience, another namespace's account, not an
+   agent's account);
+3. the claim, from the injected lookup (the controller's store): none, 404 (this
+   replica has not seen the Lease yet, or the claim is over: the sidecar tries
+   again while its attempt is current); another worker's, 403;
+4. the AgentTask, read now (a quorum read): gone, or another object of that name
+   (its UID), or already granted again (a higher ``status.fencingToken``): 410.
+
+The answer is what a sidecar reads from an AgentTask of its own namespace:
+``{"metadata": {name, namespace, uid}, "spec", "status": {"attempt"}}``. Every
+answer is counted in ``agentq_claim_api_requests_total{code}``. A TokenReview or
+task read without an answer (or refused for the operator's own rights) is a 503:
+the sidecar tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from agentq import GROUP, VERSION, kube, protocol, views
+from agentq.clock import Clock, SystemClock
+from agentq.models import TASK_PLURAL
+from agentq.operator import metrics
+
+log = logging.getLogger("agentq.operator.claims")
+
+AUDIENCE = "agentq.dev/operator"
+AGENT_ACCOUNT_PREFIX = "agentq-agent-"
+REVIEW_SECONDS = 60.0
+REVIEW_CACHE_SIZE = 4096
+TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
+MAX_TOKEN_CHARS = 16 * 1024
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """A current claim as the operator's store knows it."""
+
+    task_namespace: str
+    task_name: str
+    task_uid: str
+    worker: str
+    token: int
+
+
+class ClaimLookup(Protocol):
+    """The current claim whose Lease is ``lease_namespace``/``lease_name``, or None."""
+
+    def __call__(self, lease_namespace: str, lease_name: str) -> ClaimRef | None: ...
+
+
+def no_claims(lease_namespace: str, lease_name: str) -> ClaimRef | None:
+    """A lookup that knows no claim (an operator built without cross-namespace claims)."""
+    return None
+
+
+@dataclass(frozen=True)
+class Review:
+    """What a TokenReview said: the account's namespace and worker, or why not."""
+
+    namespace: str | None = None
+    worker: str | None = None
+    refusal: str = ""
+
+
+class Unavailable(Exception):
+    """No answer to rely on from the API server (a TokenReview, a task read): 503."""
+
+
+def agent_of(username: str) -> tuple[str, str] | None:
+    """``(namespace, worker)`` of ``system:serviceaccount:<namespace>:agentq-agent-<worker>``."""
+    parts = username.split(":")
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+        return None
+    namespace, account = parts[2], parts[3]
+    worker = account.removeprefix(AGENT_ACCOUNT_PREFIX)
+    if not namespace or worker == account or not worker:
+        return None
+    return namespace, worker
+
+
+def _error(code: int, error: str, message: str) -> web.Response:
+    response = web.json_response({"error": error, "message": message}, status=code)
+    if code == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+class ClaimApi:
+    """The claim API's handler and its TokenReview cache (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: kube.Client,
+        lookup: ClaimLookup,
+        *,
+        clock: Clock | None = None,
+        review_seconds: float = REVIEW_SECONDS,
+        cache_size: int = REVIEW_CACHE_SIZE,
+    ) -> None:
+        self.client = client
+        self.lookup = lookup
+        self.clock = clock or SystemClock()
+        self.review_seconds = review_seconds
+        self.cache_size = cache_size
+        self.reviews: OrderedDict[str, tuple[float, Review]] = OrderedDict()
+        self.token_reviews = 0  # TokenReviews sent
+        self._reviewing: dict[str, asyncio.Future[Review]] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._counted])
+        app.router.add_get("/v1/claims/{namespace}/{name}", self.claim)
+        return app
+
+    @web.middleware
+    async def _counted(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as err:  # an unknown path or method
+            response = _error(err.status, err.reason, err.text or err.reason)
+        except Exception:
+            log.exception("claim API: %s %s failed", request.method, request.path)
+            response = _error(500, "InternalError", "the operator failed to answer")
+        metrics.CLAIM_API_REQUESTS.labels(code=str(response.status)).inc()
+        return response
+
+    async def claim(self, request: web.Request) -> web.StreamResponse:
+        namespace = request.match_info["namespace"]
+        name = request.match_info["name"]
+        token = _bearer(request.headers.get("Authorization", ""))
+        if token is None:
+            return _error(
+                401,
+                "Unauthorized",
+                f"send a ServiceAccount token of audience {AUDIENCE} as 'Authorization: Bearer'",
+            )
+        try:
+            review = await self.review(token)
+        except Unavailable as err:
+            return _error(503, "Unavailable", f"the token could not be reviewed: {err}")
+        if review.namespace is None or review.worker is None:
+            log.warning("claim %s/%s refused: %s", namespace, name, review.refusal)
+            return _error(403, "Forbidden", review.refusal)
+        if review.namespace != namespace:
+            log.warning(
+                "claim %s/%s refused: asked by worker %s of namespace %s",
+                namespace,
+                name,
+                review.worker,
+                review.namespace,
+            )
+            return _error(
+                403, "Forbidden", f"an agent of namespace {review.namespace} asks for {namespace}'s"
+            )
+        if not _DNS_LABEL.fullmatch(namespace) or len(namespace) > 63:
+            return _error(400, "BadRequest", f"{namespace[:100]!r} is not a namespace")
+        if not _DNS_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+            return _error(400, "BadRequest", f"{name[:100]!r} is not a Lease name")
+        ref = self.lookup(namespace, name)
+        if ref is None:
+            return _error(404, "NotFound", f"no current claim has the Lease {namespace}/{name}")
+        if ref.worker != review.worker:
+            log.warning(
+                "claim %s/%s refused: held by worker %s, asked by worker %s",
+                namespace,
+                name,
+                ref.worker,
+                review.worker,
+            )
+            return _error(403, "Forbidden", f"the claim of {namespace}/{name} is not yours")
+        try:
+            task = await self._task(ref)
+        except Unavailable as err:
+            return _error(503, "Unavailable", f"the task could not be read: {err}")
+        if isinstance(task, web.Response):
+            return task
+        meta = task.get("metadata") or {}
+        status = task.get("status") or {}
+        return web.json_response(
+            {
+                "metadata": {
+                    "name": meta.get("name"),
+                    "namespace": meta.get("namespace"),
+                    "uid": meta.get("uid"),
+                },
+                "spec": task.get("spec") or {},
+                "status": {"attempt": status.get("attempt")},
+            }
+        )
+
+    async def _task(self, ref: ClaimRef) -> Body | web.Response:
+        """The claim's AgentTask, or the 404/410 to answer."""
+        path = kube.object_path(GROUP, VERSION, ref.task_namespace, TASK_PLURAL, ref.task_name)
+        try:
+            rsp = await self.client.request("GET", path)
+        except (kube.TransportError, kube.CredentialError) as err:
+            raise Unavailable(str(err)) from err
+        where = f"{ref.task_namespace}/{ref.task_name}"
+        if rsp.status == 404:
+            return _error(410, "Gone", f"task {where} does not exist any more")
+        if rsp.status != 200:
+            log.error("claim API: reading task %s: HTTP %s", where, rsp.status)
+            raise Unavailable(f"HTTP {rsp.status}")
+        try:
+            task = views.decode(rsp.raw)
+        except ValueError as err:
+            raise Unavailable(f"task {where} is not JSON: {err}") from err
+        if not isinstance(task, dict):
+            raise Unavailable(f"task {where} is not an object")
+        if (task.get("metadata") or {}).get("uid") != ref.task_uid:
+            return _error(410, "Gone", f"task {where} was deleted and made again")
+        token = (task.get("status") or {}).get("fencingToken")
+        if protocol.is_json_int(token) and token > ref.token:
+            return _error(410, "Gone", f"task {where} was granted again (token {token})")
+        if not protocol.is_json_int(token) or token < ref.token:
+            return _error(404, "NotFound", f"task {where} does not show this claim yet")
+        return task
+
+    # -- TokenReviews ---------------------------------------------------------------
+
+    async def review(self, token: str) -> Review:
+        """The TokenReview of ``token``, from the cache while it is fresh."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = self.clock.monotonic()
+        cached = self.reviews.get(key)
+        if cached is not None:
+            if cached[0] > now:
+                self.reviews.move_to_end(key)
+                return cached[1]
+            del self.reviews[key]
+        pending = self._reviewing.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._review(token))
+            self._reviewing[key] = pending
+            pending.add_done_callback(lambda _: self._reviewing.pop(key, None))
+        review = await asyncio.shield(pending)
+        self.reviews[key] = (self.clock.monotonic() + self.review_seconds, review)
+        self.reviews.move_to_end(key)
+        while len(self.reviews) > self.cache_size:
+            self.reviews.popitem(last=False)
+        return review
+
+    async def _review(self, token: str) -> Review:
+        self.token_reviews += 1
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [AUDIENCE]},
+        }
+        try:
+            rsp = await self.client.request("POST", TOKEN_REVIEW_PATH, body=body)
+        except (kube.TransportError, kube.CredentialError) as err:
+            raise Unavailable(f"TokenReview: {err}") from err
+        if rsp.status not in (200, 201):
+            log.error(
+                "claim API: TokenReview answered HTTP %s (the operator needs 'create "
+                "tokenreviews'): %s",
+                rsp.status,
+                rsp.raw[:300].decode(errors="replace"),
+            )
+            raise Unavailable(f"TokenReview: HTTP {rsp.status}")
+        try:
+            status = (rsp.json() or {}).get("status") or {}
+        except ValueError as err:
+            raise Unavailable(f"TokenReview: {err}") from err
+        if not status.get("authenticated"):
+            why = status.get("error") or "not authenticated"
+            return Review(refusal=f"the token is not valid for audience {AUDIENCE}: {why}")
+        if AUDIENCE not in (status.get("audiences") or []):
+            return Review(refusal=f"the token is not for audience {AUDIENCE}")
+        username = str((status.get("user") or {}).get("username") or "")
+        agent = agent_of(username)
+        if agent is None:
+            return Review(
+                refusal=f"{username or 'the caller'} is not an agent's ServiceAccount "
+                f"({AGENT_ACCOUNT_PREFIX}<worker>)"
+            )
+        return Review(namespace=agent[0], worker=agent[1])
+
+
+def _bearer(header: str) -> str | None:
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS:
+        return None
+    return token
+
+
+class ClaimServer:
+    """The claim API served on a port of its own, with a client of its own (its
+    TokenReviews and task reads never wait behind the controller's writes)."""
+
+    def __init__(self, api: ClaimApi, runner: web.AppRunner) -> None:
+        self.api = api
+        self.runner = runner
+
+    @classmethod
+    async def start(
+        cls,
+        kubeconfig: kube.KubeConfig,
+        lookup: ClaimLookup | None,
+        *,
+        port: int,
+        host: str = "0.0.0.0",
+        timeout: float = 10.0,
+    ) -> ClaimServer:
+        client = kube.Client(kubeconfig, pool=8, timeout=timeout)
+        api = ClaimApi(client, lookup or no_claims)
+        runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port, reuse_address=True).start()
+        except BaseException:
+            await runner.cleanup()
+            await client.close()
+            raise
+        log.info("claim API on %s:%s", host, port)
+        return cls(api, runner)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.runner.cleanup()
+        await self.api.client.close()
+
+
+__all__ = [
+    "AUDIENCE",
+    "ClaimApi",
+    "ClaimLookup",
+    "ClaimRef",
+    "ClaimServer",
+    "Review",
+    "agent_of",
+    "no_claims",
+]
