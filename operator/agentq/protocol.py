@@ -125,6 +125,25 @@ def split_cross_task(rest: str) -> tuple[str, str] | None:
     return namespace, task
 
 
+# The id an agent knows a cross-namespace claim by: ``<task namespace>~<task>``. No
+# object name holds a "~", so it never meets the name of a task of the worker's own
+# namespace (whose id is its name).
+CLAIM_ID_SEPARATOR = "~"
+
+
+def cross_claim_id(namespace: str, task: str) -> str:
+    return f"{namespace}{CLAIM_ID_SEPARATOR}{task}"
+
+
+def split_claim_id(claim_id: str) -> tuple[str, str] | None:
+    """``(task namespace, task)`` of a cross-namespace claim's id; None for the id of a
+    task of the worker's own namespace (its name)."""
+    namespace, sep, task = claim_id.partition(CLAIM_ID_SEPARATOR)
+    if not sep or not namespace or not task:
+        return None
+    return namespace, task
+
+
 def worker_lease_name(worker: str) -> str:
     return _shorten(WORKER_LEASE_PREFIX + worker, 253)
 

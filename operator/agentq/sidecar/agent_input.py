@@ -23,6 +23,8 @@ MAX_BODY_BYTES = 4 * protocol.MAX_REPORT_BYTES
 MAX_TOKEN = 2**63 - 1
 MAX_WAIT_SECONDS = 60.0
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# The id of a claim of another namespace's task: <namespace>~<task> (protocol.cross_claim_id).
+_CROSS_ID = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?~[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _VERSION = re.compile(r"[0-9]{1,18}")
 
 
@@ -62,10 +64,13 @@ def parse_json(raw: bytes) -> dict[str, Any]:
 
 
 def task_name(value: str) -> str:
-    if len(value) > 253 or not _NAME.fullmatch(value):
+    namespace, _, name = value.partition("~")
+    plain = len(value) <= 253 and _NAME.fullmatch(value) is not None
+    cross = len(namespace) <= 63 and len(name) <= 253 and _CROSS_ID.fullmatch(value) is not None
+    if not (plain or cross):
         raise bad(
-            f"{value[:100]!r} is not a task name (lowercase letters, digits, '-' and '.', "
-            "at most 253 characters)"
+            f"{value[:100]!r} is not a task id (a task name: lowercase letters, digits, '-' "
+            "and '.', at most 253 characters; or <namespace>~<task name>)"
         )
     return value
 

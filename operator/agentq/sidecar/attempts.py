@@ -33,9 +33,10 @@ it), the sidecar lets the Lease go (``releasable``) and the operator ends the ta
 
 A claim of a task of another namespace (docs/tenancy.md, "Cross-namespace claims")
 has its Lease here too, ``agentq-xtask-<task namespace>.<task>``; the agent knows
-that attempt by the Lease's name without the prefix (``<task namespace>.<task>``),
-its *task id*. Everything here is keyed by task id; the Lease of an attempt is always
-its own ``lease_name``, never one made again from the id.
+that attempt as ``<task namespace>~<task>`` (``protocol.cross_claim_id``), its
+*task id*, which no task name can equal. Everything here is keyed by task id; the
+Lease of an attempt is always its own ``lease_name``, never one made again from
+the id.
 """
 
 from __future__ import annotations
@@ -134,12 +135,17 @@ class LeaseView:
         task: str | None
         task_namespace = None
         if name.startswith(protocol.XTASK_LEASE_PREFIX):
-            # A claim of another namespace's task: no owner (it cannot cross namespaces),
-            # and the task label may be shortened; the agent's id for it is the name's rest.
-            task = name[len(protocol.XTASK_LEASE_PREFIX) :]
-            task_namespace = labels.get(protocol.LABEL_TASK_NAMESPACE)
-            if not task_namespace and (split := protocol.split_cross_task(task)):
-                task_namespace = split[0]
+            # A claim of another namespace's task: no owner (it cannot cross namespaces).
+            # Its labels say which task (a name the CRD caps at 63 characters fits a label
+            # whole), else its name; the agent knows it as ``<namespace>~<task>``.
+            split = protocol.split_cross_task(name[len(protocol.XTASK_LEASE_PREFIX) :])
+            task_namespace = labels.get(protocol.LABEL_TASK_NAMESPACE) or (split or ("",))[0]
+            task_name = labels.get(protocol.LABEL_TASK) or (split or ("", ""))[1]
+            task = (
+                protocol.cross_claim_id(task_namespace, task_name)
+                if task_namespace and task_name
+                else None
+            )
         else:
             task = str(owner["name"]) if owner else labels.get(protocol.LABEL_TASK)
         if not task or not name:
@@ -181,7 +187,7 @@ def _rv(body: Body) -> int | None:
 class Attempt:
     """One grant of a task to this worker, and what the agent and the sidecar did with it."""
 
-    task: str  # the task id the agent uses: the task's name, or <namespace>.<task>
+    task: str  # the task id the agent uses: the task's name, or <namespace>~<task>
     namespace: str  # the sidecar's: where the Lease is
     worker: str
     lease_name: str
@@ -303,15 +309,6 @@ class Attempts:
             if known is not None and known.lease_name == view.name:
                 holder = view.holder or "nobody"
                 self._end(known, f"the Lease is now held by {holder} with token {view.token}")
-            return None
-        if (
-            known is not None
-            and known.lease_name != view.name
-            and _cross(view.name) != _cross(known.lease_name)
-        ):
-            # Task "a.b" of this namespace and task "b" of namespace "a" share the id
-            # "a.b": the one served first is kept; the other is not served (its Lease
-            # runs out and the operator grants it again, maybe elsewhere).
             return None
         if known is not None and known.token == view.token:
             if _newer(lease, known.lease):
@@ -573,14 +570,13 @@ class Attempts:
             self.offered = self.version
 
 
-def lease_names(task: str) -> tuple[str, str]:
-    """The names the Lease of task id ``task`` may have: a task of this namespace's, or
-    a cross-namespace claim's (whose id is its Lease's name without the prefix)."""
-    return protocol.task_lease_name(task), protocol.XTASK_LEASE_PREFIX + task
-
-
-def _cross(lease_name: str) -> bool:
-    return lease_name.startswith(protocol.XTASK_LEASE_PREFIX)
+def lease_names(task: str) -> tuple[str, ...]:
+    """The name the Lease of task id ``task`` has: a cross-namespace claim's
+    (``<namespace>~<task>``), else a task of this namespace's."""
+    split = protocol.split_claim_id(task)
+    if split is not None:
+        return (protocol.cross_task_lease_name(*split),)
+    return (protocol.task_lease_name(task),)
 
 
 def _listed(attempt: Attempt) -> bool:

@@ -1,7 +1,7 @@
 """Cross-namespace claims in the sidecar (docs/tenancy.md, "Cross-namespace claims").
 
 A claim of task ``job`` of namespace ``team-a`` has its Lease here as
-``agentq-xtask-team-a.job``; the agent knows it as task ``team-a.job``; its payload
+``agentq-xtask-team-a.job``; the agent knows it as task ``team-a~job``; its payload
 comes from the operator's claim API, never from the API server (the sidecar has no
 RBAC in team namespaces). The operator here is a small aiohttp app whose answers the
 test sets; the API server is the in-memory FakeApi.
@@ -34,7 +34,7 @@ from sidecar_fakes import (
 
 Body = dict[str, Any]
 LEASE = protocol.cross_task_lease_name("team-a", "job")
-TASK_ID = "team-a.job"
+TASK_ID = "team-a~job"
 
 
 def test_the_protocol_names_a_cross_namespace_lease_and_splits_it_back() -> None:
@@ -71,14 +71,29 @@ def test_an_xtask_lease_is_an_attempt_known_by_namespace_dot_task() -> None:
     assert same is not None and not same.cross and same.task == "job"
 
 
-def test_a_task_id_both_kinds_of_lease_share_is_served_once() -> None:
-    """Task "team-a.job" of the worker's namespace and task "job" of namespace "team-a"
-    have the same id: the attempt served first is kept, the other is not served."""
+def test_a_pool_task_named_like_a_cross_claim_is_another_attempt() -> None:
+    """Task "team-a.job" of the worker's namespace and task "job" of namespace "team-a":
+    their Leases' names differ only by prefix, their ids never meet (``~`` is in no
+    object name), so both are served, each on its own Lease."""
     attempts = Attempts(namespace=NS, worker="w")
     first = attempts.observe(task_lease("team-a.job", token=7), 0.0)
-    assert first is not None
-    assert attempts.observe(cross_task_lease(token=9), 1.0) is None
-    assert attempts.current[TASK_ID] is first
+    second = attempts.observe(cross_task_lease(token=9), 1.0)
+    assert first is not None and second is not None
+    assert attempts.current["team-a.job"] is first and attempts.current[TASK_ID] is second
+    assert first.lease_name == protocol.task_lease_name("team-a.job")
+    assert second.lease_name == LEASE
+    assert protocol.split_claim_id(TASK_ID) == ("team-a", "job")
+    assert protocol.split_claim_id("team-a.job") is None
+
+
+def test_the_agent_api_takes_both_kinds_of_task_id() -> None:
+    from agentq.sidecar import agent_input
+
+    assert agent_input.task_name(TASK_ID) == TASK_ID
+    assert agent_input.task_name("job.v2") == "job.v2"
+    for bad in ("~job", "team-a~", "team.a~job", "a~b~c", "Team~job"):
+        with pytest.raises(AgentError):
+            agent_input.task_name(bad)
 
 
 def test_an_inherited_xtask_lease_is_told_lost_by_its_own_name() -> None:
