@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv lock system-deps controlplane node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
+.PHONY: help venv lock system-deps controlplane helm node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
@@ -20,6 +20,7 @@ help:
 	@echo "make soak     30 minutes at a steady rate with a short TTL: does anything grow (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
 	@echo "make lock     requirements/*.lock (hashes) from the pyproject pins"
+	@echo "make helm     build helm (for charts/agentq) from the Go module proxy, once per machine"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
 	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
@@ -76,6 +77,11 @@ system-deps:
 controlplane: venv
 	$(BIN)/agentq cluster build
 
+# helm (charts/agentq's tests, make e2e), built the same way into
+# ~/.cache/agentq/helm/<version>/helm, or found (a helm of that version on PATH).
+helm: venv
+	$(BIN)/agentq cluster build --helm
+
 # The local node (`agentq cluster up --node`, `make e2e`): Debian's containerd,
 # runc, CNI plugins and iptables/nftables, and for building images Debian's
 # dockerd and debootstrap (installed as root with apt-get; no service is started).
@@ -95,10 +101,11 @@ image: venv node-deps
 	$(BIN)/agentq cluster image
 
 # Real pods on a local node (root): tests/node (node lifecycle, crash recovery, the
-# image as non-root) and the e2e scenario (e2e/test_scenario.py), each leaving the
-# host as it found it. Builds what it needs first (packages, kubelet, image).
-e2e: venv node image
-	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_scenario.py
+# image as non-root), the Helm chart installed, upgraded and uninstalled
+# (e2e/test_helm.py) and the e2e scenario (e2e/test_scenario.py), each leaving the
+# host as it found it. Builds what it needs first (packages, kubelet, image, helm).
+e2e: venv node image helm
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py e2e/test_scenario.py
 
 lint: venv
 	$(BIN)/ruff check operator sdk tools tests bench e2e image requirements
@@ -117,7 +124,7 @@ check: lint typecheck imports
 unit: venv
 	$(BIN)/pytest tests/unit sdk/tests
 
-integration: venv system-deps controlplane
+integration: venv system-deps controlplane helm
 	$(BIN)/pytest tests/integration
 
 # Parallel runs (pytest-xdist): TEST_WORKERS processes against one shared control plane
@@ -137,7 +144,7 @@ test-fast: venv
 
 # Everything but tests/node (real pods on a local node, `make e2e`): unit, integration
 # and slow, in parallel.
-test: venv system-deps controlplane check
+test: venv system-deps controlplane helm check
 	$(BIN)/pytest -m "not node" -n $(TEST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS)
 
 # The operator's liveness tests again with kopf's watches (--watcher kopf): both watcher

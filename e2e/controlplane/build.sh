@@ -7,16 +7,19 @@
 #   SET controlplane (default): etcd, kube-apiserver, kube-controller-manager, kubectl
 #   SET node: kubelet, kube-scheduler and pause (the sandbox program of the local
 #             node of `agentq cluster up --node`)
-# The versions are the ones pinned in ./kubernetes/go.mod and ./etcd/go.mod.
+#   SET helm: helm (charts/agentq's tests and `make e2e`)
+# The versions are the ones pinned in ./kubernetes/go.mod, ./etcd/go.mod and
+# ./helm/go.mod.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-dest=${1:?usage: build.sh DEST [controlplane|node]}
+dest=${1:?usage: build.sh DEST [controlplane|node|helm]}
 set_name=${2:-controlplane}
 command -v go >/dev/null || { echo "build.sh: 'go' is not on PATH; install Go >= 1.26" >&2; exit 3; }
 case "$set_name" in
   controlplane) k8s_cmds="kube-apiserver kube-controller-manager kubectl" ;;
   node) k8s_cmds="kubelet kube-scheduler" ;;
-  *) echo "build.sh: unknown set '$set_name' (controlplane or node)" >&2; exit 2 ;;
+  helm) k8s_cmds="" ;;
+  *) echo "build.sh: unknown set '$set_name' (controlplane, node or helm)" >&2; exit 2 ;;
 esac
 
 k8s_version=$(awk '$1=="require" && $2=="k8s.io/kubernetes" {print $3}' "$here/kubernetes/go.mod")
@@ -35,6 +38,15 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
+if [ "$set_name" = helm ]; then
+  # The version stamp helm's own Makefile sets for a release (`helm version`).
+  helm_version=$(awk '$1=="require" && $2=="helm.sh/helm/v4" {print $3}' "$here/helm/go.mod")
+  echo "building helm $helm_version"
+  (cd "$here/helm" && go build -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
+    -o "$tmp/helm" helm.sh/helm/v4/cmd/helm)
+  printf 'helm=%s\n' "$helm_version" > "$tmp/VERSIONS"
+fi
 if [ "$set_name" = controlplane ]; then
   echo "building etcd $etcd_version"
   (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
@@ -47,7 +59,7 @@ if [ "$set_name" = node ]; then
   echo "building pause"
   (cd "$here/pause" && go build -trimpath -ldflags "-s -w" -o "$tmp/pause" .)
   printf 'kubernetes=%s\n' "$k8s_version" > "$tmp/VERSIONS"
-else
+elif [ "$set_name" = controlplane ]; then
   printf 'kubernetes=%s\netcd=%s\n' "$k8s_version" "$etcd_version" > "$tmp/VERSIONS"
 fi
 rm -rf "$dest"

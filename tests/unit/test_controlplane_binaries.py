@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentq.controlplane import binaries
+from agentq.controlplane.versions import HELM_VERSION
 
 
 @pytest.fixture
@@ -80,3 +81,31 @@ def test_build_script_knows_the_node_set() -> None:
     go_mod = (binaries.source_dir() / "kubernetes" / "go.mod").read_text()
     for cmd in ("kubelet", "kube-scheduler"):
         assert f"k8s.io/kubernetes/cmd/{cmd}\n" in go_mod
+
+
+def test_helm_is_a_set_of_its_own_cached_by_version(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(empty_cache / "no-bin"))
+    assert binaries.HELM.cache_dir() == empty_cache / "cache" / "helm" / HELM_VERSION
+    with pytest.raises(binaries.BinaryError) as err:
+        binaries.resolve(build=False, binary_set=binaries.HELM)
+    assert "missing helm helm" in str(err.value)
+    assert "agentq cluster build --helm" in str(err.value)
+    script = (binaries.source_dir() / "build.sh").read_text()
+    assert "helm.sh/helm/v4/cmd/helm" in script
+
+
+def test_a_helm_on_path_of_another_version_is_not_taken(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = empty_cache / "bin"
+    bin_dir.mkdir()
+    helm = bin_dir / "helm"
+    helm.write_text("#!/bin/sh\necho 'version.BuildInfo{Version:\"v3.18.4\"}'\n")
+    helm.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(binaries.BinaryError, match="missing helm"):
+        binaries.resolve(build=False, binary_set=binaries.HELM)
+    helm.write_text(f"#!/bin/sh\necho 'version.BuildInfo{{Version:\"{HELM_VERSION}\"}}'\n")
+    assert binaries.resolve(build=False, binary_set=binaries.HELM) == {"helm": helm}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from agentq.controlplane import binaries
-from agentq.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
+from agentq.controlplane.versions import ETCD_VERSION, HELM_VERSION, KUBERNETES_VERSION
 
 
 def _required(go_mod: str, module: str) -> str:
@@ -29,3 +29,7 @@ def test_every_staging_module_is_pinned_to_the_matching_release() -> None:
 
 def test_etcd_version_matches_wrapper_module() -> None:
     assert _required("etcd/go.mod", "go.etcd.io/etcd/server/v3") == ETCD_VERSION
+
+
+def test_helm_version_matches_wrapper_module() -> None:
+    assert _required("helm/go.mod", "helm.sh/helm/v4") == HELM_VERSION

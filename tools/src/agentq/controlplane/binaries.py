@@ -7,9 +7,10 @@ Go module proxy with the machine's Go toolchain. The cache lives outside the
 repository (``$AGENTQ_CACHE_DIR``, default ``$XDG_CACHE_HOME/agentq`` or
 ``~/.cache/agentq``) so a fresh clone reuses a build made by an earlier one.
 
-Two sets are built apart, each into its own cache directory: the control plane
-(always needed) and the local node's kubelet, scheduler and pause program
-(only for ``agentq cluster up --node``), so the tests never wait for a kubelet.
+Three sets are built apart, each into its own cache directory: the control plane
+(always needed), the local node's kubelet, scheduler and pause program
+(only for ``agentq cluster up --node``), so the tests never wait for a kubelet, and
+helm (charts/agentq's tests and ``make e2e``; ``<cache>/helm/<version>/helm``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 from agentq.controlplane.versions import (
     BINARIES,
     ETCD_VERSION,
+    HELM_BINARIES,
+    HELM_VERSION,
     KUBERNETES_VERSION,
     NODE_BINARIES,
     expected_version,
@@ -54,9 +57,10 @@ class BinarySet:
     title: str
     binaries: dict[str, tuple[str, ...]]
     directory: str  # the cache directory's name (versions included)
+    parent: str = "controlplane"  # the cache directory's parent, under cache_root()
 
     def cache_dir(self) -> Path:
-        return cache_root() / "controlplane" / self.directory
+        return cache_root() / self.parent / self.directory
 
 
 CONTROL_PLANE = BinarySet(
@@ -72,6 +76,14 @@ NODE = BinarySet(
     title="the local node (kubelet, kube-scheduler, pause)",
     binaries=NODE_BINARIES,
     directory=f"{KUBERNETES_VERSION}-node",
+)
+HELM = BinarySet(
+    name="helm",
+    what="helm",
+    title=f"helm {HELM_VERSION}",
+    binaries=HELM_BINARIES,
+    directory=HELM_VERSION,
+    parent="helm",
 )
 
 
@@ -93,7 +105,7 @@ def reported_version(path: Path, binary: str) -> str:
     """What ``path`` says its version is ('' if it cannot say)."""
     try:
         done = subprocess.run(
-            [str(path), *{**BINARIES, **NODE_BINARIES}[binary]],
+            [str(path), *{**BINARIES, **NODE_BINARIES, **HELM_BINARIES}[binary]],
             capture_output=True,
             text=True,
             timeout=20,
@@ -133,7 +145,7 @@ def resolve(
     missing = [n for n, p in found.items() if p is None and not (cached / n).is_file()]
     if missing:
         if not build:
-            flag = " --node" if binary_set is NODE else ""
+            flag = {NODE.name: " --node", HELM.name: " --helm"}.get(binary_set.name, "")
             raise BinaryError(
                 f"missing {binary_set.what} {', '.join(missing)} "
                 f"(looked in $KUBEBUILDER_ASSETS, PATH and {cached}); "
@@ -168,11 +180,12 @@ def build_into(
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent build finishes first; then we reuse it
         if all((dest / name).is_file() for name in binary_set.binaries):
             return
-        versions = (
-            f"etcd {ETCD_VERSION} and Kubernetes {KUBERNETES_VERSION}"
-            if binary_set is CONTROL_PLANE
-            else f"{', '.join(binary_set.binaries)} (Kubernetes {KUBERNETES_VERSION})"
-        )
+        if binary_set is CONTROL_PLANE:
+            versions = f"etcd {ETCD_VERSION} and Kubernetes {KUBERNETES_VERSION}"
+        elif binary_set is HELM:
+            versions = binary_set.title
+        else:
+            versions = f"{', '.join(binary_set.binaries)} (Kubernetes {KUBERNETES_VERSION})"
         say(
             f"building {versions} from the Go module proxy into {dest} "
             f"(once per machine; log: {log})"

@@ -13,7 +13,7 @@ import click
 
 from agentq.controlplane import binaries, host, node
 from agentq.controlplane.cluster import Cluster, ClusterError, default_state_dir
-from agentq.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
+from agentq.controlplane.versions import ETCD_VERSION, HELM_VERSION, KUBERNETES_VERSION
 
 
 def _say(line: str) -> None:
@@ -112,11 +112,20 @@ def status(state_dir: Path | None, as_json: bool) -> None:
 
 @cluster.command()
 @click.option("--node", is_flag=True, help="Also the local node's kubelet, scheduler and pause.")
-def build(node: bool) -> None:
+@click.option(
+    "--helm",
+    "helm_only",
+    is_flag=True,
+    help=f"Only helm ({HELM_VERSION}, for charts/agentq), not the control plane.",
+)
+def build(node: bool, helm_only: bool) -> None:
     """Build (or find) the control-plane binaries and print where they are."""
-    click.echo(f"# etcd {ETCD_VERSION}, Kubernetes {KUBERNETES_VERSION}", err=True)
     try:
-        paths = binaries.resolve(build=True, say=_say)
+        if helm_only:
+            paths = binaries.resolve(build=True, say=_say, binary_set=binaries.HELM)
+        else:
+            click.echo(f"# etcd {ETCD_VERSION}, Kubernetes {KUBERNETES_VERSION}", err=True)
+            paths = binaries.resolve(build=True, say=_say)
         if node:
             paths |= binaries.resolve(build=True, say=_say, binary_set=binaries.NODE)
     except binaries.BinaryError as err:

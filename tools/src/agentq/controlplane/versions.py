@@ -1,13 +1,16 @@
 """The pinned versions of the embedded control plane.
 
-They must match ``e2e/controlplane/kubernetes/go.mod`` and
-``e2e/controlplane/etcd/go.mod`` (a unit test checks it): the Go wrapper
+They must match ``e2e/controlplane/kubernetes/go.mod``,
+``e2e/controlplane/etcd/go.mod`` and ``e2e/controlplane/helm/go.mod`` (a unit test
+checks it): the Go wrapper
 modules are what gets built, these constants are what gets looked for.
 """
 
 KUBERNETES_VERSION = "v1.36.5"
 # The etcd release Kubernetes v1.36 ships with (its go.mod requires etcd v3.6.8).
 ETCD_VERSION = "v3.6.8"
+# Helm, for charts/agentq's tests and `make e2e` (not the control plane's: its own set).
+HELM_VERSION = "v4.3.2"
 
 # Binaries the control plane needs, each with the argument that prints its version.
 BINARIES: dict[str, tuple[str, ...]] = {
@@ -27,6 +30,9 @@ NODE_BINARIES: dict[str, tuple[str, ...]] = {
 }
 PAUSE_VERSION = "agentq-pause 1"
 
+# Helm, built by the same script into a cache directory of its own.
+HELM_BINARIES: dict[str, tuple[str, ...]] = {"helm": ("version",)}
+
 
 def expected_version(binary: str) -> str:
     """The version string ``binary``'s version output must contain."""
@@ -34,4 +40,6 @@ def expected_version(binary: str) -> str:
         return ETCD_VERSION.removeprefix("v")
     if binary == "pause":
         return PAUSE_VERSION
+    if binary == "helm":
+        return f'Version:"{HELM_VERSION}"'
     return KUBERNETES_VERSION

@@ -1,0 +1,291 @@
+"""charts/agentq: lint-clean, the same objects as manifests/ for the defaults, its values
+checked by values.schema.json, and each value doing what values.yaml says.
+
+Needs only the pinned helm (``make helm``) and kubectl (``make controlplane``), no
+cluster; ``make test`` builds both first. tests/integration/test_helm_install.py
+installs the chart on a real API server.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import helmchart
+import manifests
+from agentq.controlplane import binaries
+from helmchart import CHART, ROOT, by_key, helm, template
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    try:
+        return str(binaries.resolve(build=False)["kubectl"])
+    except binaries.BinaryError as err:
+        pytest.skip(f"kubectl not built ({err}); make controlplane")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        helmchart.helm_path()
+    except binaries.BinaryError as err:
+        pytest.skip(f"helm not built ({err}); make helm")
+    return tmp_path_factory.mktemp("helm-home")
+
+
+def _diff(want: dict[str, Any], got: dict[str, Any]) -> str:
+    return "\n".join(
+        difflib.unified_diff(
+            yaml.safe_dump(want, sort_keys=True).splitlines(),
+            yaml.safe_dump(got, sort_keys=True).splitlines(),
+            "kubectl kustomize",
+            "helm template",
+            lineterm="",
+        )
+    )
+
+
+def _assert_same_objects(want: list[dict[str, Any]], got: list[dict[str, Any]]) -> None:
+    wanted, rendered = by_key(want), by_key(got)
+    assert sorted(rendered) == sorted(wanted), (
+        f"only in kustomize: {sorted(set(wanted) - set(rendered))}; "
+        f"only in the chart: {sorted(set(rendered) - set(wanted))}"
+    )
+    for k, obj in wanted.items():
+        assert rendered[k] == obj, f"{k} differs:\n{_diff(obj, rendered[k])}"
+
+
+def _find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} rendered"
+    return found[0]
+
+
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def test_lint_passes(home: Path) -> None:
+    for values in ({}, {"agentPool.enabled": "true"}):
+        done = helm(home, "lint", "--strict", str(CHART), *helmchart.set_args(values))
+        assert "0 chart(s) failed" in done.stdout, done.stdout
+
+
+def test_defaults_render_the_objects_of_manifests(home: Path, kubectl: str) -> None:
+    """`helm template` with the defaults == `kubectl kustomize manifests/`, object for
+    object, but Helm's labels and the CRDs' keep annotation."""
+    _assert_same_objects(manifests.install_base(kubectl), template(home))
+
+
+def test_the_agent_pool_renders_the_objects_of_manifests_agent(home: Path, kubectl: str) -> None:
+    """The default pool is manifests/agent/ in the release's namespace (with part-of
+    agentq, as every object of the release)."""
+    want = manifests.agent_objects(kubectl, worker="example", namespace="team-a")
+    got = template(home, values={"agentPool.enabled": "true"}, namespace="team-a")
+    pool = [o for o in got if o["metadata"].get("namespace") == "team-a"]
+    for obj in pool:
+        assert obj["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "agentq"
+    _assert_same_objects(want, pool)
+
+
+def test_the_charts_crds_are_the_repositorys(home: Path) -> None:
+    for crd in sorted((ROOT / "crds").glob("*.yaml")):
+        copy = CHART / "files" / "crds" / crd.name
+        assert copy.is_file() and copy.read_bytes() == crd.read_bytes(), (
+            f"{copy.relative_to(ROOT)} differs from {crd.relative_to(ROOT)}: "
+            "cp crds/*.yaml charts/agentq/files/crds/"
+        )
+    assert {p.name for p in (CHART / "files" / "crds").glob("*")} == {
+        p.name for p in (ROOT / "crds").glob("*.yaml")
+    }
+
+
+def test_every_template_names_the_manifest_it_follows() -> None:
+    """A change to manifests/ must reach the chart: each template of a manifest says so."""
+    for name in ("admission-policy", "operator-policy", "leader-epoch-policy", "operator"):
+        text = (CHART / "templates" / f"{name}.yaml").read_text()
+        assert f"manifests/{name}.yaml" in text
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator.replicas": "0"}, "at '/operator/replicas': minimum: got 0, want 1"),
+        ({"operator.replicass": "3"}, "at '/operator': additional properties 'replicass'"),
+        ({"image.digest": "sha256:abc"}, "at '/image/digest': 'sha256:abc' does not match"),
+        ({"image.tag": "", "image.digest": ""}, "at '/image'"),
+        ({"namespace.name": "Agentq_System"}, "at '/namespace/name'"),
+        ({"operator.metricsPort": "70000"}, "at '/operator/metricsPort': maximum"),
+        ({"agentPool.workers[0].name": "w"}, "at '/agentPool/workers/0': missing property"),
+        ({"agentPool.workers[0].name": "Bad_Name"}, "at '/agentPool/workers/0/name'"),
+        ({"agentPool.workerDefaults.weight": "0"}, "at '/agentPool/workerDefaults/weight'"),
+        (
+            {"podDisruptionBudget.maxUnavailable": "half"},
+            "at '/podDisruptionBudget/maxUnavailable'",
+        ),
+        ({"crds.keep": "maybe"}, "at '/crds/keep': got string, want boolean"),
+    ],
+)
+def test_bad_values_are_refused_with_the_path(
+    home: Path, values: dict[str, str], message: str
+) -> None:
+    done = helm(home, "template", "agentq", str(CHART), *helmchart.set_args(values), check=False)
+    assert done.returncode != 0, f"{values} was accepted"
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert message in done.stderr, done.stderr
+
+
+def test_two_replicas_without_leader_election_are_refused(home: Path) -> None:
+    values = {"operator.leaderElection.enabled": "false"}
+    done = helm(home, "template", "agentq", str(CHART), *helmchart.set_args(values), check=False)
+    assert done.returncode != 0
+    assert "operator.replicas must be 1 when operator.leaderElection.enabled is false" in (
+        done.stderr
+    ), done.stderr
+
+
+def test_one_replica_without_leader_election_is_accepted(home: Path) -> None:
+    objects = template(
+        home, values={"operator.leaderElection.enabled": "false", "operator.replicas": "1"}
+    )
+    deployment = _find(objects, "Deployment", "agentq-operator")
+    assert deployment["spec"]["replicas"] == 1
+    env = _env(deployment["spec"]["template"]["spec"]["containers"][0])
+    assert env["AGENTQ_LEADER_ELECTION"] == "false"
+
+
+def test_operator_values(home: Path) -> None:
+    objects = template(
+        home,
+        values={
+            "namespace.name": "queues",
+            "image.repository": "registry.example/agentq",
+            "image.digest": "sha256:" + "a" * 64,
+            "operator.replicas": "3",
+            "operator.leaderElection.leaseSeconds": "30",
+            "operator.leaderElection.renewSeconds": "20",
+            # (--set takes 1.5 for a string: a decimal comes from a file or --set-json.)
+            "operator.maxReclaims": "5",
+            "operator.metricsPort": "9090",
+            "operator.resources.limits.memory": "1Gi",
+            "operator.extraEnv[0].name": "AGENTQ_WATCHER",
+            "operator.extraEnv[0].value": "kopf",
+            "imagePullSecrets[0]": "regcred",
+        },
+    )
+    deployment = _find(objects, "Deployment", "agentq-operator")
+    assert deployment["metadata"]["namespace"] == "queues"
+    retry = template(home, extra=["--set-json", "operator.leaderElection.retrySeconds=1.5"])
+    retry_env = _env(_find(retry, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert retry_env["AGENTQ_LEADER_RETRY_SECONDS"] == "1.5"
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 3
+    assert container["image"] == "registry.example/agentq@sha256:" + "a" * 64
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert _env(container) == {
+        "AGENTQ_LEADER_NAMESPACE": "queues",
+        "AGENTQ_MAX_RECLAIMS": "5",
+        "AGENTQ_RECONCILE_INTERVAL": "2",
+        "AGENTQ_METRICS_PORT": "9090",
+        "AGENTQ_LEADER_LEASE_SECONDS": "30",
+        "AGENTQ_LEADER_RENEW_SECONDS": "20",
+        "AGENTQ_WATCHER": "kopf",
+    }
+    # Everything of the operator's follows it into its namespace, the election Lease's
+    # fence too.
+    for kind in ("ServiceAccount", "NetworkPolicy", "PodDisruptionBudget", "Namespace"):
+        obj = _find(objects, kind)
+        assert obj["metadata"].get("namespace", obj["metadata"]["name"]) == "queues"
+    binding = _find(objects, "ClusterRoleBinding", "agentq-operator")
+    assert binding["subjects"][0]["namespace"] == "queues"
+    fence = _find(objects, "ValidatingAdmissionPolicyBinding", "agentq-leader-epoch")
+    assert fence["spec"]["paramRef"]["namespace"] == "queues"
+
+
+def test_toggles_leave_their_objects_out(home: Path) -> None:
+    kinds = {o["kind"] for o in template(home)}
+    assert {"Namespace", "CustomResourceDefinition", "NetworkPolicy"} <= kinds
+    assert {"PodDisruptionBudget", "PriorityClass", "ValidatingAdmissionPolicy"} <= kinds
+    objects = template(
+        home,
+        values={
+            "namespace.create": "false",
+            "crds.install": "false",
+            "networkPolicy.enabled": "false",
+            "podDisruptionBudget.enabled": "false",
+            "priorityClass.create": "false",
+            "admissionPolicies.enabled": "false",
+        },
+    )
+    assert {o["kind"] for o in objects} == {
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+    }
+    # An existing PriorityClass is still named; none with an empty name.
+    pod = _find(objects, "Deployment")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "agentq-operator"
+    none = template(home, values={"priorityClass.create": "false", "priorityClass.name": ""})
+    assert "priorityClassName" not in _find(none, "Deployment")["spec"]["template"]["spec"]
+
+
+def test_crd_policy_keep_is_the_default(home: Path) -> None:
+    for crd in (o for o in template(home) if o["kind"] == "CustomResourceDefinition"):
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    for crd in (
+        o
+        for o in template(home, values={"crds.keep": "false"})
+        if o["kind"] == "CustomResourceDefinition"
+    ):
+        assert "annotations" not in crd["metadata"]
+
+
+def test_agent_pool_workers_and_replicas(home: Path) -> None:
+    workers = [
+        {
+            "name": "coder",
+            "replicas": 3,
+            "capabilities": ["llm", "python"],
+            "maxInFlight": 4,
+            "args": ["my-agent"],
+            "image": "registry.example/coder:1",
+        },
+        {"name": "reviewer", "capabilities": ["llm"]},
+    ]
+    objects = template(
+        home,
+        namespace="agents",
+        values={"agentPool.enabled": "true", "agentPool.namespace": "pool"},
+        extra=["--set-json", f"agentPool.workers={json.dumps(workers)}"],
+    )
+    pool = [o for o in objects if o["metadata"].get("namespace") == "pool"]
+    deployments = sorted(o["metadata"]["name"] for o in pool if o["kind"] == "Deployment")
+    assert deployments == ["agent-coder-0", "agent-coder-1", "agent-coder-2", "agent-reviewer"]
+    accounts = sorted(o["metadata"]["name"] for o in pool if o["kind"] == "ServiceAccount")
+    assert accounts == [*(f"agentq-agent-coder-{i}" for i in range(3)), "agentq-agent-reviewer"]
+    pod = _find(pool, "Deployment", "agent-coder-1")["spec"]["template"]["spec"]
+    sidecar, agent = pod["initContainers"][0], pod["containers"][0]
+    assert pod["serviceAccountName"] == "agentq-agent-coder-1"
+    env = _env(sidecar)
+    assert (env["AGENTQ_WORKER"], env["AGENTQ_CAPABILITIES"]) == ("coder-1", "llm,python")
+    assert env["AGENTQ_MAX_IN_FLIGHT"] == "4"
+    assert agent["args"] == ["my-agent"]
+    assert agent["image"] == "registry.example/coder:1"
+    assert sidecar["image"] == "agentq:dev"
+    # What an entry leaves out comes from workerDefaults.
+    assert env["AGENTQ_WEIGHT"] == "1"
+    reviewer = _find(pool, "Deployment", "agent-reviewer")["spec"]["template"]["spec"]
+    assert _env(reviewer["initContainers"][0])["AGENTQ_MAX_IN_FLIGHT"] == "2"
+    assert reviewer["containers"][0]["args"][0] == "agent-sim"
+    assert reviewer["containers"][0]["image"] == "agentq:dev"
