@@ -173,6 +173,7 @@ def test_operator_values(home: Path) -> None:
             # (--set takes 1.5 for a string: a decimal comes from a file or --set-json.)
             "operator.maxReclaims": "5",
             "operator.metricsPort": "9090",
+            "operator.claimPort": "9444",
             "operator.resources.limits.memory": "1Gi",
             "operator.extraEnv[0].name": "AGENTQ_WATCHER",
             "operator.extraEnv[0].value": "kopf",
@@ -188,7 +189,13 @@ def test_operator_values(home: Path) -> None:
     container = pod["containers"][0]
     assert deployment["spec"]["replicas"] == 3
     assert container["image"] == "registry.example/agentq@sha256:" + "a" * 64
-    assert container["ports"] == [{"name": "metrics", "containerPort": 9090}]
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": 9090},
+        {"name": "claims", "containerPort": 9444},
+    ]
+    claims = _find(objects, "Service", "agentq-operator-claims")
+    assert claims["metadata"]["namespace"] == "queues"
+    assert claims["spec"]["ports"][0]["port"] == 9444
     assert container["resources"]["limits"]["memory"] == "1Gi"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert _env(container) == {
@@ -196,6 +203,7 @@ def test_operator_values(home: Path) -> None:
         "AGENTQ_MAX_RECLAIMS": "5",
         "AGENTQ_RECONCILE_INTERVAL": "2",
         "AGENTQ_METRICS_PORT": "9090",
+        "AGENTQ_CLAIM_PORT": "9444",
         "AGENTQ_LEADER_LEASE_SECONDS": "30",
         "AGENTQ_LEADER_RENEW_SECONDS": "20",
         "AGENTQ_WATCHER": "kopf",
@@ -231,6 +239,7 @@ def test_toggles_leave_their_objects_out(home: Path) -> None:
         "ClusterRole",
         "ClusterRoleBinding",
         "Deployment",
+        "Service",
     }
     # An existing PriorityClass is still named; none with an empty name.
     pod = _find(objects, "Deployment")["spec"]["template"]["spec"]
