@@ -152,8 +152,9 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
         f"agentPool.workers[0].name={WORKER}",
         "--set",
         "agentPool.workers[0].capabilities={llm}",
-        "--set",
-        "agentPool.workerDefaults.args={agent-sim,--behaviour,complete,--work-seconds,1}",
+        # --set would take the 1 for a number, which the values schema refuses.
+        "--set-json",
+        'agentPool.workerDefaults.args=["agent-sim","--behaviour","complete","--work-seconds","1"]',
     ]
 
     # install: the operator's two replicas and the pool's worker, Ready on the node.
