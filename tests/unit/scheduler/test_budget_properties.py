@@ -414,3 +414,136 @@ def test_a_restore_never_allows_a_burst(
         if index == crash_after:
             run.crash(Crash(deleted=True, dt=0.0))
     assert run.grants >= 1
+
+
+# -- the rule exactly, against a plain re-statement of docs/budgets.md -------------------------
+
+
+class Rule:
+    """The rule of docs/budgets.md for one budget, restated as plainly as possible: a list of
+    placements, a dict of open attempts, two paces. Times are whole seconds here, so a
+    placement at ``t`` counts while ``now < t + 61``."""
+
+    def __init__(self, rpm: int | None, tpm: int | None, concurrent: int | None) -> None:
+        self.limits = (rpm, tpm)
+        self.concurrent = concurrent
+        self.placed: list[tuple[float, int, int]] = []
+        self.open: dict[int, tuple[Need, Usage, bool]] = {}  # need, reported, final
+        self.tat = [-math.inf, -math.inf]
+        self.throttled = -math.inf
+
+    def _advance(self, index: int, now: float, amount: int) -> None:
+        limit = self.limits[index]
+        if limit is not None and amount > 0:
+            self.tat[index] = max(self.tat[index], now) + amount * 60 / limit
+
+    def admits(self, need: Need, now: float) -> bool:
+        amounts = (need.requests, need.tokens)
+        if any(
+            lim is not None and amt > lim for lim, amt in zip(self.limits, amounts, strict=True)
+        ):
+            return False
+        if self.throttled > now:
+            return False
+        if self.concurrent is not None and len(self.open) + 1 > self.concurrent:
+            return False
+        for index, (limit, amount) in enumerate(zip(self.limits, amounts, strict=True)):
+            if limit is None or amount == 0:
+                continue
+            used = sum(p[1 + index] for p in self.placed if now < math.floor(p[0]) + 61)
+            reserved = sum(
+                0
+                if final
+                else max(0, (n.requests, n.tokens)[index] - (u.requests, u.tokens)[index])
+                for n, u, final in self.open.values()
+            )
+            if used + reserved + amount > limit or self.tat[index] > now:
+                return False
+        return True
+
+    def debit(self, grant_id: int, need: Need, now: float) -> None:
+        self.open[grant_id] = (need, Usage(), False)
+        self._advance(0, now, need.requests)
+        self._advance(1, now, need.tokens)
+
+    def correct(self, grant_id: int, usage: Usage, now: float, final: bool) -> None:
+        need, before, was_final = self.open[grant_id]
+        if was_final:
+            return
+        after = Usage(max(before.requests, usage.requests), max(before.tokens, usage.tokens))
+        self.placed.append((now, after.requests - before.requests, after.tokens - before.tokens))
+        for index in (0, 1):
+            n, b, a = (
+                x[index]
+                for x in (
+                    (need.requests, need.tokens),
+                    (before.requests, before.tokens),
+                    (after.requests, after.tokens),
+                )
+            )
+            self._advance(index, now, a - max(n, b))
+            limit = self.limits[index]
+            if final and limit is not None and a < n:
+                self.tat[index] -= (n - a) * 60 / limit
+        self.open[grant_id] = (need, after, final)
+
+    def release(self, grant_id: int, now: float) -> None:
+        need, reported, final = self.open.pop(grant_id)
+        if not final:
+            self.placed.append(
+                (
+                    now,
+                    max(0, need.requests - reported.requests),
+                    max(0, need.tokens - reported.tokens),
+                )
+            )
+
+
+whole_steps = st.one_of(st.sampled_from([0, 1, 5, 30, 59, 60, 61]), st.integers(0, 70))
+
+
+@PROPERTY
+@given(
+    limit=limits,
+    steps_=st.lists(
+        st.tuples(
+            whole_steps,
+            st.sampled_from(["grant", "report", "final", "end", "throttle"]),
+            st.builds(Need, requests=st.integers(0, 4), tokens=st.integers(0, 60)),
+            st.integers(0, 40),  # which open attempt
+        ),
+        max_size=80,
+    ),
+)
+def test_the_book_admits_exactly_what_the_rule_says(
+    limit: tuple[int | None, int | None, int | None],
+    steps_: list[tuple[int, str, Need, int]],
+) -> None:
+    book = BudgetBook()
+    book.upsert_budget(BudgetSpec("b", *limit))
+    rule = Rule(*limit)
+    now = 0.0
+    next_id = 0
+    for step, kind, need, pick in steps_:
+        now += step
+        opened = sorted(rule.open)
+        if kind == "grant":
+            admitted = book.admits({"b": need}, now) is None
+            assert admitted == rule.admits(need, now), (now, need)
+            if admitted:
+                book.debit(next_id, {"b": need}, now)
+                rule.debit(next_id, need, now)
+                next_id += 1
+        elif kind in ("report", "final") and opened:
+            grant_id = opened[pick % len(opened)]
+            so_far = rule.open[grant_id][1]
+            usage = Usage(so_far.requests + need.requests, so_far.tokens + need.tokens)
+            book.correct(grant_id, {"b": usage}, now, final=kind == "final")
+            rule.correct(grant_id, usage, now, kind == "final")
+        elif kind == "end" and opened:
+            grant_id = opened[pick % len(opened)]
+            book.release(grant_id, now)
+            rule.release(grant_id, now)
+        elif kind == "throttle":
+            book.throttle("b", now + need.tokens)
+            rule.throttled = max(rule.throttled, now + need.tokens)

@@ -186,6 +186,15 @@ def test_usage_above_the_estimate_brings_the_grant_rate_to_actual_usage() -> Non
     assert all(count == 2 for count in per_minute[2:]), per_minute
 
 
+def test_usage_above_the_estimate_advances_the_pace_too() -> None:
+    book = book_with(BudgetSpec("b", tokens_per_minute=100))
+    book.debit("g", one(tokens=10), 0.0)  # paced to 6 s
+    book.correct("g", {"b": Usage(1, 40)}, 0.0)  # 30 more: 18 s more
+    # The window has room for 10 more; the pace says when.
+    assert book.admits(one(tokens=10), 10.0) == Wait("b", TOKENS_PER_MINUTE, 24.0)
+    assert book.admits(one(tokens=10), 24.0) is None
+
+
 def test_reports_are_cumulative_and_only_an_increase_counts() -> None:
     book = book_with(BudgetSpec("b", tokens_per_minute=10_000))
     book.debit("g", one(tokens=1000), 0.0)
