@@ -620,6 +620,7 @@ class Rig:
             "crd/agenttasks.agentq.dev",
             "crd/agentworkers.agentq.dev",
             "crd/agentqueues.agentq.dev",
+            "crd/agentbudgets.agentq.dev",
         )
 
     async def down(self) -> None:

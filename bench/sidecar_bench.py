@@ -204,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
                 "crd/agenttasks.agentq.dev",
                 "crd/agentworkers.agentq.dev",
                 "crd/agentqueues.agentq.dev",
+                "crd/agentbudgets.agentq.dev",
             ],
             env=bench.env,
             check=True,

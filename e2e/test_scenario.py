@@ -148,6 +148,7 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
         "crd/agenttasks.agentq.dev",
         "crd/agentworkers.agentq.dev",
         "crd/agentqueues.agentq.dev",
+        "crd/agentbudgets.agentq.dev",
     )
     k.kubectl(
         "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"

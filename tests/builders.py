@@ -8,9 +8,10 @@ fresh dict and ``yaml()`` a manifest for ``kubectl apply -f -``. ``set(path,
 value)`` and ``unset(path)`` reach any field (``"spec.retryBackoff.jitter"``) for
 the deliberately wrong manifests the validation tests need.
 
-``INVALID_TASKS`` / ``INVALID_WORKERS`` are the catalogue of manifests the API
-server must refuse, shared by the unit tests (the pydantic models refuse them
-too) and the integration tests (the real API server refuses them).
+``INVALID_TASKS`` / ``INVALID_WORKERS`` / ``INVALID_QUEUES`` / ``INVALID_BUDGETS`` are the
+catalogue of manifests the API server must refuse, shared by the unit tests (the
+pydantic models refuse them too) and the integration tests (the real API server
+refuses them).
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ import yaml
 from agentq.models import API_VERSION
 
 __all__ = [
+    "INVALID_BUDGETS",
     "INVALID_QUEUES",
     "INVALID_TASKS",
     "INVALID_WORKERS",
+    "BudgetBuilder",
     "Invalid",
     "QueueBuilder",
     "TaskBuilder",
     "WorkerBuilder",
+    "budget",
     "queue",
     "task",
     "worker",
@@ -148,6 +152,16 @@ class TaskBuilder(_Builder):
     def priority(self, priority: int) -> Self:
         return self.set("spec.priority", priority)
 
+    def budget(self, name: str, *, tokens: int | None = None, requests: int | None = None) -> Self:
+        """One more entry of spec.budgets (only the fields given: the rest defaulted)."""
+        entry: dict[str, Any] = {"name": name}
+        if tokens is not None:
+            entry["tokens"] = tokens
+        if requests is not None:
+            entry["requests"] = requests
+        self._spec.setdefault("budgets", []).append(entry)
+        return self
+
     def grace(self, seconds: int) -> Self:
         self._spec["gracePeriodSeconds"] = seconds
         return self
@@ -221,8 +235,28 @@ class QueueBuilder(_Builder):
         return self
 
 
+class BudgetBuilder(_Builder):
+    """An AgentBudget (cluster-scoped: no namespace)."""
+
+    kind = "AgentBudget"
+
+    def requests_per_minute(self, limit: int) -> Self:
+        return self.set("spec.requestsPerMinute", limit)
+
+    def tokens_per_minute(self, limit: int) -> Self:
+        return self.set("spec.tokensPerMinute", limit)
+
+    def max_concurrent(self, limit: int) -> Self:
+        return self.set("spec.maxConcurrent", limit)
+
+
 def queue(name: str) -> QueueBuilder:
     return QueueBuilder(name)
+
+
+def budget(name: str) -> BudgetBuilder:
+    """An AgentBudget manifest named ``name`` (a valid one: every limit is optional)."""
+    return BudgetBuilder(name)
 
 
 def task(name: str) -> TaskBuilder:
@@ -373,6 +407,56 @@ INVALID_TASKS: tuple[Invalid, ...] = (
     Invalid("priority-too-high", task("t").priority(1001), "spec.priority"),
     Invalid("priority-too-low", task("t").priority(-1001), "spec.priority"),
     Invalid("priority-not-an-integer", task("t").set("spec.priority", 1.5), "spec.priority"),
+    Invalid("budgets-not-a-list", task("t").set("spec.budgets", {"name": "a"}), "spec.budgets"),
+    Invalid(
+        "too-many-budgets",
+        task("t").set("spec.budgets", [{"name": f"b{i}"} for i in range(9)]),
+        "spec.budgets",
+        "8",
+    ),
+    Invalid(
+        "budget-named-twice",
+        task("t").budget("openai").budget("openai", tokens=5),
+        "spec.budgets[1]",
+        "Duplicate value",
+    ),
+    Invalid("budget-without-name", task("t").set("spec.budgets", [{}]), "spec.budgets[0].name"),
+    Invalid("budget-name-not-a-name", task("t").budget("Open AI"), "spec.budgets[0].name"),
+    Invalid("budget-name-too-long", task("t").budget("b" * 64), "spec.budgets[0].name"),
+    Invalid("budget-tokens-negative", task("t").budget("a", tokens=-1), "spec.budgets[0].tokens"),
+    Invalid(
+        "budget-tokens-too-big",
+        task("t").budget("a", tokens=10**12 + 1),
+        "spec.budgets[0].tokens",
+    ),
+    Invalid(
+        "budget-tokens-fractional",
+        task("t").set("spec.budgets", [{"name": "a", "tokens": 1.5}]),
+        "spec.budgets[0].tokens",
+    ),
+    Invalid(
+        "budget-requests-negative",
+        task("t").budget("a", requests=-1),
+        "spec.budgets[0].requests",
+    ),
+    Invalid(
+        "budget-requests-too-big",
+        task("t").budget("a", requests=10**9 + 1),
+        "spec.budgets[0].requests",
+    ),
+    Invalid(
+        "budget-requests-wrong-type",
+        task("t").set("spec.budgets", [{"name": "a", "requests": "one"}]),
+        "spec.budgets[0].requests",
+        "integer",
+    ),
+    Invalid(
+        "budget-unknown-field",
+        task("t").set("spec.budgets", [{"name": "a", "cost": 3}]),
+        "spec.budgets[0].cost",
+        "unknown field",
+        model_refuses=False,
+    ),
     Invalid(
         "unknown-spec-field",
         task("t").set("spec.urgency", 5),
@@ -472,4 +556,39 @@ INVALID_QUEUES: tuple[Invalid, ...] = (
         model_refuses=False,
     ),
     Invalid("name-too-long", queue(_LONG_NAME), "metadata.name", _NAME),
+)
+
+_BUDGET_NAME = "metadata.name must be at most 63 characters: tasks name it in spec.budgets"
+
+INVALID_BUDGETS: tuple[Invalid, ...] = (
+    Invalid("requests-zero", budget("b").requests_per_minute(0), "spec.requestsPerMinute"),
+    Invalid("requests-negative", budget("b").requests_per_minute(-60), "spec.requestsPerMinute"),
+    Invalid(
+        "requests-fractional",
+        budget("b").set("spec.requestsPerMinute", 0.5),
+        "spec.requestsPerMinute",
+    ),
+    Invalid(
+        "requests-wrong-type",
+        budget("b").set("spec.requestsPerMinute", "fast"),
+        "spec.requestsPerMinute",
+        "integer",
+    ),
+    Invalid(
+        "requests-too-many", budget("b").requests_per_minute(10**9 + 1), "spec.requestsPerMinute"
+    ),
+    Invalid("tokens-zero", budget("b").tokens_per_minute(0), "spec.tokensPerMinute"),
+    Invalid("tokens-negative", budget("b").tokens_per_minute(-1), "spec.tokensPerMinute"),
+    Invalid("tokens-too-many", budget("b").tokens_per_minute(10**12 + 1), "spec.tokensPerMinute"),
+    Invalid("concurrent-zero", budget("b").max_concurrent(0), "spec.maxConcurrent"),
+    Invalid("concurrent-negative", budget("b").max_concurrent(-2), "spec.maxConcurrent"),
+    Invalid("concurrent-too-many", budget("b").max_concurrent(10**6 + 1), "spec.maxConcurrent"),
+    Invalid(
+        "unknown-field",
+        budget("b").set("spec.burst", 10),
+        "spec.burst",
+        "unknown field",
+        model_refuses=False,
+    ),
+    Invalid("name-too-long", budget(_LONG_NAME), "metadata.name", _BUDGET_NAME),
 )

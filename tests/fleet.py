@@ -86,6 +86,7 @@ def install_crds(plane: ControlPlane) -> None:
         "crd/agenttasks.agentq.dev",
         "crd/agentworkers.agentq.dev",
         "crd/agentqueues.agentq.dev",
+        "crd/agentbudgets.agentq.dev",
     )
 
 

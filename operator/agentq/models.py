@@ -1,8 +1,10 @@
-"""The AgentTask, AgentWorker and AgentQueue API (``agentq.dev/v1alpha1``) as pydantic models.
+"""The AgentTask, AgentWorker, AgentQueue and AgentBudget API (``agentq.dev/v1alpha1``) as
+pydantic models.
 
 This module owns the Python view of the custom resources. It mirrors
-``crds/agenttasks.agentq.dev.yaml``, ``crds/agentworkers.agentq.dev.yaml`` and
-``crds/agentqueues.agentq.dev.yaml`` field for field: the same camelCase names (as
+``crds/agenttasks.agentq.dev.yaml``, ``crds/agentworkers.agentq.dev.yaml``,
+``crds/agentqueues.agentq.dev.yaml`` and ``crds/agentbudgets.agentq.dev.yaml``
+field for field: the same camelCase names (as
 aliases of snake_case attributes), defaults, bounds, enums and patterns, and one
 check per CEL rule with the same message. ``tests/unit/test_crd_models.py`` fails
 when the two drift apart;
@@ -11,9 +13,9 @@ when the two drift apart;
 It does no I/O and imports neither kopf nor kubernetes, so the scheduling core,
 the CLI and the tests can all use it. Entry points:
 
-- ``parse_task(body)`` / ``parse_worker(body)`` / ``parse_queue(body)``: a whole
-  object (a dict from the API server or a kopf ``Body``) to ``AgentTask`` /
-  ``AgentWorker`` / ``AgentQueue``;
+- ``parse_task(body)`` / ``parse_worker(body)`` / ``parse_queue(body)`` /
+  ``parse_budget(body)``: a whole object (a dict from the API server or a kopf
+  ``Body``) to ``AgentTask`` / ``AgentWorker`` / ``AgentQueue`` / ``AgentBudget``;
 - ``parse_task_spec``, ``parse_task_status``, ``parse_worker_spec``,
   ``parse_worker_status``: one part (kopf's ``spec`` / ``status`` kwargs);
 - ``Model.to_dict()``: back to the JSON the API server expects (camelCase,
@@ -56,9 +58,13 @@ from agentq import GROUP, VERSION
 __all__ = [
     "ACTIVE_PHASES",
     "API_VERSION",
+    "BUDGET_PLURAL",
     "CAPABILITY_PATTERN",
     "DEFAULT_LEASE_DURATION_SECONDS",
     "FINAL_PHASES",
+    "MAX_BUDGETS",
+    "MAX_BUDGET_REQUESTS",
+    "MAX_BUDGET_TOKENS",
     "MAX_CAPABILITIES",
     "MAX_HISTORY",
     "MAX_NAME_LENGTH",
@@ -71,6 +77,9 @@ __all__ = [
     "REQUEUABLE_PHASES",
     "TASK_PLURAL",
     "WORKER_PLURAL",
+    "AgentBudget",
+    "AgentBudgetSpec",
+    "AgentBudgetStatus",
     "AgentQueue",
     "AgentQueueSpec",
     "AgentQueueStatus",
@@ -82,6 +91,9 @@ __all__ = [
     "AgentWorkerStatus",
     "AttemptOutcome",
     "AttemptRecord",
+    "BudgetEstimate",
+    "BudgetUsage",
+    "BudgetWindow",
     "Condition",
     "ConditionStatus",
     "LabelSelector",
@@ -93,8 +105,10 @@ __all__ = [
     "SelectorOperator",
     "TaskError",
     "TaskPhase",
+    "WindowBucket",
     "WorkerPhase",
     "condition_reason",
+    "parse_budget",
     "parse_queue",
     "parse_task",
     "parse_task_spec",
@@ -109,6 +123,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 TASK_PLURAL = "agenttasks"
 WORKER_PLURAL = "agentworkers"
 QUEUE_PLURAL = "agentqueues"
+BUDGET_PLURAL = "agentbudgets"
 
 # A capability is a short lowercase name (a DNS label): "gpu", "python-3-12".
 CAPABILITY_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -132,6 +147,13 @@ MAX_TOKEN = 2**53 - 1
 MAX_SPAN_SECONDS = 31_536_000
 #: ``spec.priority`` ranges over [-MAX_PRIORITY, MAX_PRIORITY] (the CRD says the same).
 MAX_PRIORITY = 1000
+#: A task names at most this many AgentBudgets (``spec.budgets``).
+MAX_BUDGETS = 8
+#: The largest requests / tokens an estimate, a report or a per-minute limit may hold.
+MAX_BUDGET_REQUESTS = 1_000_000_000
+MAX_BUDGET_TOKENS = 1_000_000_000_000
+#: The largest ``maxConcurrent`` of an AgentBudget.
+MAX_CONCURRENT = 1_000_000
 
 # metav1.Condition's own validation, as in every generated CRD.
 _CONDITION_TYPE_PATTERN = (
@@ -271,6 +293,17 @@ QueueName = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=QUEUE_NAME_PATTERN)
 ]
 NameSet = Annotated[frozenset[ObjectName], PlainSerializer(sorted, return_type=list[str])]
+# An AgentBudget's name as a task's spec.budgets names it (as an AgentQueue's).
+BudgetName = QueueName
+
+
+def _refuse_repeated_names(items: Sequence[Any] | None, field: str) -> None:
+    # A list-type=map keyed by name: the API server refuses a repeated key.
+    seen: set[str] = set()
+    for item in items or ():
+        if item.name in seen:
+            raise ValueError(f"{field} must not repeat {item.name!r}")
+        seen.add(item.name)
 
 
 # --- bases -----------------------------------------------------------------------
@@ -419,6 +452,15 @@ class RetryBackoff(_Model):
         return base * (1.0 - self.jitter * rand)
 
 
+class BudgetEstimate(_Model):
+    """One entry of ``AgentTask.spec.budgets``: an AgentBudget an attempt spends, and how
+    much one attempt is expected to spend of it (docs/budgets.md)."""
+
+    name: BudgetName
+    requests: JsonInt = Field(default=1, ge=0, le=MAX_BUDGET_REQUESTS)
+    tokens: JsonInt = Field(default=0, ge=0, le=MAX_BUDGET_TOKENS)
+
+
 class AgentTaskSpec(_Model):
     """``AgentTask.spec``: what the task needs and how its claims are leased."""
 
@@ -443,6 +485,9 @@ class AgentTaskSpec(_Model):
     priority: JsonInt = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     # The AgentQueue (cluster-scoped) the task is queued in; None: its namespace's own.
     queue: QueueName | None = None
+    # The AgentBudgets (cluster-scoped) an attempt spends, with its estimates; a tuple:
+    # immutable, as the spec is.
+    budgets: tuple[BudgetEstimate, ...] | None = Field(default=None, max_length=MAX_BUDGETS)
 
     @model_validator(mode="before")
     @classmethod
@@ -452,6 +497,7 @@ class AgentTaskSpec(_Model):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> Self:
+        _refuse_repeated_names(self.budgets, "budgets")
         # One check per CEL rule of the CRD, with the same message.
         hb = self.heartbeat_interval_seconds
         if hb is not None and hb >= self.lease_duration_seconds:
@@ -493,6 +539,15 @@ class TaskError(_StatusModel):
     retryable: bool | None = None
 
 
+class BudgetUsage(_StatusModel):
+    """One entry of ``AgentTask.status.history[].usage``: what an ended attempt was
+    accounted on one budget (docs/budgets.md)."""
+
+    name: BudgetName
+    requests: int | None = Field(default=None, ge=0, le=MAX_BUDGET_REQUESTS)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_TOKENS)
+
+
 class AttemptRecord(_StatusModel):
     """One entry of ``AgentTask.status.history``: the end of an attempt, or a requeue."""
 
@@ -502,6 +557,13 @@ class AttemptRecord(_StatusModel):
     outcome: AttemptOutcome
     reason: Annotated[str, StringConstraints(max_length=1024)] | None = None
     time: AwareDatetime
+    # What the attempt was accounted on each budget its task names (docs/budgets.md).
+    usage: list[BudgetUsage] | None = Field(default=None, max_length=MAX_BUDGETS)
+
+    @model_validator(mode="after")
+    def _one_usage_per_budget(self) -> Self:
+        _refuse_repeated_names(self.usage, "usage")
+        return self
 
 
 class AgentTaskStatus(_StatusModel):
@@ -619,6 +681,53 @@ class AgentQueueStatus(_StatusModel):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
+# --- AgentBudget -----------------------------------------------------------------
+
+
+class AgentBudgetSpec(_Model):
+    """``AgentBudget.spec``: a provider's limits; each optional (absent: no limit)."""
+
+    requests_per_minute: JsonInt | None = Field(default=None, ge=1, le=MAX_BUDGET_REQUESTS)
+    tokens_per_minute: JsonInt | None = Field(default=None, ge=1, le=MAX_BUDGET_TOKENS)
+    max_concurrent: JsonInt | None = Field(default=None, ge=1, le=MAX_CONCURRENT)
+
+
+class WindowBucket(_StatusModel):
+    """One bucket of ``AgentBudget.status.window``: the usage placed from ``start`` on for
+    the window's ``bucketSeconds``."""
+
+    start: AwareDatetime
+    requests: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0)
+
+
+class BudgetWindow(_StatusModel):
+    """``AgentBudget.status.window``: the last minute's usage, what a new leader resumes
+    from (docs/budgets.md)."""
+
+    as_of: AwareDatetime
+    bucket_seconds: int = Field(ge=1, le=60)
+    buckets: list[WindowBucket] | None = Field(default=None, max_length=61)
+
+
+class AgentBudgetStatus(_StatusModel):
+    """``AgentBudget.status``, written by the operator only."""
+
+    in_use: int | None = Field(default=None, ge=0)
+    used_requests: int | None = Field(default=None, ge=0)
+    used_tokens: int | None = Field(default=None, ge=0)
+    reserved_requests: int | None = Field(default=None, ge=0)
+    reserved_tokens: int | None = Field(default=None, ge=0)
+    available_requests: int | None = Field(default=None, ge=0)
+    available_tokens: int | None = Field(default=None, ge=0)
+    available_concurrency: int | None = Field(default=None, ge=0)
+    throttled_until: AwareDatetime | None = None
+    waiting: int | None = Field(default=None, ge=0)
+    window: BudgetWindow | None = None
+    conditions: Conditions | None = None
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
 # --- whole objects ---------------------------------------------------------------
 
 
@@ -644,11 +753,12 @@ class _Object(_Model):
     @model_validator(mode="after")
     def _name_fits_a_label(self) -> Self:
         if len(self.metadata.name) > MAX_NAME_LENGTH:
-            raise ValueError(
-                "metadata.name must be at most 63 characters: it is used as the value of "
-                f"the {self._label} label"
-            )
+            raise ValueError(f"metadata.name must be at most 63 characters: {self._why_short()}")
         return self
+
+    def _why_short(self) -> str:
+        # The CRD's CEL rule says the same.
+        return f"it is used as the value of the {self._label} label"
 
     @property
     def name(self) -> str:
@@ -701,6 +811,20 @@ class AgentQueue(_Object):
         if self.spec.parent == self.metadata.name:
             raise ValueError("a queue cannot be its own parent")
         return self
+
+
+class AgentBudget(_Object):
+    """A whole AgentBudget object (cluster-scoped)."""
+
+    _label: ClassVar[str] = "agentq.dev/budget"
+    api_version: Literal["agentq.dev/v1alpha1"] = "agentq.dev/v1alpha1"
+    kind: Literal["AgentBudget"] = "AgentBudget"
+    metadata: ObjectMeta
+    spec: AgentBudgetSpec = AgentBudgetSpec()
+    status: AgentBudgetStatus = Field(default_factory=AgentBudgetStatus)
+
+    def _why_short(self) -> str:
+        return "tasks name it in spec.budgets and metrics in their budget label"
 
 
 # --- parsing ---------------------------------------------------------------------
@@ -810,3 +934,8 @@ def parse_worker_status(status: Mapping[str, Any] | None) -> AgentWorkerStatus:
 def parse_queue(body: Mapping[str, Any]) -> AgentQueue:
     """A whole AgentQueue (API server dict); raises ``ModelError``."""
     return _parse(AgentQueue, body, _identify("AgentQueue", body))
+
+
+def parse_budget(body: Mapping[str, Any]) -> AgentBudget:
+    """A whole AgentBudget (API server dict); raises ``ModelError``."""
+    return _parse(AgentBudget, body, _identify("AgentBudget", body))

@@ -1,7 +1,7 @@
 """Typed, compact views of the objects the operator watches, built from the models.
 
 The operator never keeps a watched object as a raw dict: each AgentTask,
-AgentWorker, AgentQueue and agentq Lease becomes a frozen view holding only what the
+AgentWorker, AgentQueue, AgentBudget and agentq Lease becomes a frozen view holding only what the
 decisions read, typed by the pydantic models (``AgentTaskSpec``,
 ``AgentTaskStatus``, ``AgentWorkerSpec``). What the operator never reads is
 dropped on the way in -- a task's ``payload``, a status' ``result`` -- which
@@ -31,6 +31,8 @@ from pydantic import BaseModel, ValidationError
 
 from agentq import protocol
 from agentq.models import (
+    AgentBudgetSpec,
+    AgentBudgetStatus,
     AgentQueueSpec,
     AgentQueueStatus,
     AgentTaskSpec,
@@ -42,11 +44,13 @@ from agentq.models import (
 
 __all__ = [
     "TOO_DEEP",
+    "BudgetView",
     "LeaseView",
     "Problem",
     "QueueView",
     "TaskView",
     "WorkerView",
+    "budget_view",
     "decode",
     "lease_view",
     "namespace_labels",
@@ -371,7 +375,7 @@ def worker_view(body: Mapping[str, Any]) -> WorkerView:
     )
 
 
-# -- AgentQueue and Namespace (cluster-scoped) ----------------------------------------
+# -- AgentQueue, AgentBudget and Namespace (cluster-scoped) ---------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +400,38 @@ def queue_view(body: Mapping[str, Any]) -> QueueView:
     status, _ = _lenient(AgentQueueStatus, raw_status if isinstance(raw_status, Mapping) else {})
     generation = meta.get("generation")
     return QueueView(
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        spec=spec,
+        problem=problem,
+        status=status,
+        generation=generation if isinstance(generation, int) and generation >= 0 else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetView:
+    """What the operator knows of one AgentBudget (cluster-scoped)."""
+
+    name: str
+    uid: str
+    resource_version: str
+    spec: AgentBudgetSpec | None  # None: it does not fit the schema (``problem`` says why)
+    problem: Problem | None = None
+    # What its status shows (fields that do not fit the schema dropped): a new leader
+    # resumes from its window and throttle (docs/budgets.md).
+    status: AgentBudgetStatus = field(default_factory=AgentBudgetStatus)
+    generation: int | None = None
+
+
+def budget_view(body: Mapping[str, Any]) -> BudgetView:
+    meta = _meta(body)
+    spec, problem = _strict_spec(AgentBudgetSpec, body)
+    raw_status = body.get("status")
+    status, _ = _lenient(AgentBudgetStatus, raw_status if isinstance(raw_status, Mapping) else {})
+    generation = meta.get("generation")
+    return BudgetView(
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),

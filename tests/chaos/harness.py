@@ -207,6 +207,7 @@ class ChaosRun:
                 "crd/agenttasks.agentq.dev",
                 "crd/agentworkers.agentq.dev",
                 "crd/agentqueues.agentq.dev",
+                "crd/agentbudgets.agentq.dev",
             )
             self._kubectl(kubectl, state.kubeconfig, "create", "namespace", NAMESPACE)
             self.api = config.new_client_from_config(config_file=state.kubeconfig)

@@ -22,24 +22,44 @@ import pytest
 import yaml
 
 from agentq.models import (
+    AgentBudgetStatus,
     AgentTaskStatus,
     AgentWorkerStatus,
     AttemptOutcome,
     AttemptRecord,
+    BudgetUsage,
+    BudgetWindow,
     Condition,
     ConditionStatus,
     TaskPhase,
+    WindowBucket,
     WorkerPhase,
+    parse_budget,
     parse_queue,
     parse_task,
     parse_worker,
 )
-from builders import INVALID_QUEUES, INVALID_TASKS, INVALID_WORKERS, Invalid, queue, task, worker
+from builders import (
+    INVALID_BUDGETS,
+    INVALID_QUEUES,
+    INVALID_TASKS,
+    INVALID_WORKERS,
+    Invalid,
+    budget,
+    queue,
+    task,
+    worker,
+)
 
 pytestmark = pytest.mark.integration
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
-CRD_NAMES = ("agenttasks.agentq.dev", "agentworkers.agentq.dev", "agentqueues.agentq.dev")
+CRD_NAMES = (
+    "agenttasks.agentq.dev",
+    "agentworkers.agentq.dev",
+    "agentqueues.agentq.dev",
+    "agentbudgets.agentq.dev",
+)
 
 
 class Kubectl(Protocol):
@@ -153,6 +173,95 @@ def test_invalid_worker_is_refused(cluster: Cluster, case: Invalid) -> None:
 @pytest.mark.parametrize("case", INVALID_QUEUES, ids=[c.id for c in INVALID_QUEUES])
 def test_invalid_queue_is_refused(cluster: Cluster, case: Invalid) -> None:
     _refused(cluster, case, "agentqueue")
+
+
+@pytest.mark.parametrize("case", INVALID_BUDGETS, ids=[c.id for c in INVALID_BUDGETS])
+def test_invalid_budget_is_refused(cluster: Cluster, case: Invalid) -> None:
+    _refused(cluster, case, "agentbudget")
+
+
+def test_a_budget_is_cluster_scoped_with_its_columns_and_status(cluster: Cluster) -> None:
+    name = f"{cluster.namespace}-b"
+    limited = f"{cluster.namespace}-open"
+    cluster.apply(
+        budget(name).requests_per_minute(60).tokens_per_minute(6000).max_concurrent(2).obj()
+    )
+    cluster.apply(budget(limited).obj())  # no limit at all is valid
+    try:
+        read = cluster.get(f"agentbudget/{name}")
+        assert "namespace" not in read["metadata"]
+        assert read["spec"] == {
+            "requestsPerMinute": 60,
+            "tokensPerMinute": 6000,
+            "maxConcurrent": 2,
+        }
+        assert parse_budget(read).spec.max_concurrent == 2
+        assert cluster.get(f"agentbudget/{limited}")["spec"] == {}
+        for listed in ("abudget", "agentq"):
+            names = cluster.run("get", listed, "-o", "name").stdout.split()
+            assert f"agentbudget.agentq.dev/{name}" in names, listed
+        now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+        status = AgentBudgetStatus(
+            in_use=2,
+            used_requests=40,
+            used_tokens=5000,
+            reserved_requests=1,
+            reserved_tokens=1000,
+            available_requests=19,
+            available_tokens=0,
+            available_concurrency=0,
+            throttled_until=now,
+            waiting=3,
+            window=BudgetWindow(
+                as_of=now,
+                bucket_seconds=5,
+                buckets=[WindowBucket(start=now, requests=40, tokens=5000)],
+            ),
+            conditions=[
+                Condition(
+                    type="Saturated",
+                    status=ConditionStatus.TRUE,
+                    last_transition_time=now,
+                    reason="TokensPerMinute",
+                    message="3 tasks wait for tokens",
+                )
+            ],
+            observed_generation=1,
+        )
+        # Read back from the patch's own reply (an operator of the shared control plane
+        # may write the status right after, once budgets are wired).
+        reply = json.loads(cluster.patch_status(f"agentbudget/{name}", status.to_dict()) or "{}")
+        assert parse_budget(reply).status == status
+        header, row = _table(cluster.run("get", "abudget", name).stdout)
+        assert header == [
+            "NAME",
+            "REQUESTS",
+            "TOKENS",
+            "MAXCONCURRENT",
+            "INUSE",
+            "WAITING",
+            "THROTTLED",
+            "AGE",
+        ]
+        assert row[:7] == [name, "60", "6000", "2", "2", "3", "2025-01-02T03:04:05Z"]
+        header, row = _table(cluster.run("get", "abudget", name, "-o", "wide").stdout)
+        assert header[7:11] == [
+            "USEDREQUESTS",
+            "USEDTOKENS",
+            "AVAILABLEREQUESTS",
+            "AVAILABLETOKENS",
+        ]
+        assert row[7:11] == ["40", "5000", "19", "0"]
+        for bad, field in (
+            ({"inUse": -1}, "status.inUse"),
+            ({"throttledUntil": "soon"}, "status.throttledUntil"),
+            ({"window": {"asOf": "2025-01-01T00:00:00Z", "bucketSeconds": 0}}, "status.window"),
+            ({"window": {"asOf": None}}, "status.window.asOf"),  # a merge patch: null removes
+        ):
+            out = cluster.patch_status(f"agentbudget/{name}", bad, check=False)
+            assert field in out, out
+    finally:
+        cluster.run("delete", f"agentbudget/{name}", f"agentbudget/{limited}", "--wait=false")
 
 
 def test_a_queue_is_cluster_scoped_with_its_defaults_and_columns(cluster: Cluster) -> None:
@@ -287,6 +396,11 @@ def test_a_full_task_is_stored_as_the_model_reads_it(cluster: Cluster) -> None:
         task("edge-hold").on_expiry("Hold").max_reclaims(0),
         task("edge-spans").deadline(31_536_000).ttl(31_536_000),
         task("edge-spans-min").deadline(1).ttl(0).cancel(),
+        task("edge-budgets").set(
+            "spec.budgets",
+            [{"name": f"b{i}", "requests": 0, "tokens": 10**12} for i in range(7)]
+            + [{"name": "a." + "b" * 61, "requests": 10**9}],
+        ),
         task("x" * 63),
     ],
     ids=lambda b: b.name[:20],
@@ -341,6 +455,27 @@ def test_queue_is_immutable_even_when_absent(cluster: Cluster) -> None:
     cluster.apply(task("queued").queue("team-a").priority(3).obj())
 
 
+def test_budgets_are_immutable_even_when_absent(cluster: Cluster) -> None:
+    cluster.apply(task("budgeted").budget("openai", tokens=800).budget("search").obj())
+    cluster.apply(task("unbudgeted").obj())
+    for changed in (
+        task("budgeted").budget("openai", tokens=900).budget("search"),
+        task("budgeted").budget("openai", tokens=800),
+        task("budgeted"),
+        task("unbudgeted").budget("openai"),
+    ):
+        output = cluster.apply(changed.obj(), check=False)
+        assert "spec.budgets" in output
+        assert "budgets is immutable" in output
+    # The same entries in another order, or with a default spelled out, are no change.
+    cluster.apply(task("budgeted").budget("search", requests=1).budget("openai", tokens=800).obj())
+    read = cluster.get("agenttask/budgeted")["spec"]["budgets"]
+    assert sorted(read, key=lambda b: b["name"]) == [
+        {"name": "openai", "requests": 1, "tokens": 800},
+        {"name": "search", "requests": 1, "tokens": 0},
+    ]
+
+
 def test_cel_rules_apply_to_updates_too(cluster: Cluster) -> None:
     cluster.apply(task("later").lease(30).heartbeat(10).obj())
     output = cluster.apply(task("later").lease(9).heartbeat(10).obj(), check=False)
@@ -383,6 +518,18 @@ def test_status_written_from_the_models_is_accepted(cluster: Cluster) -> None:
                 outcome=AttemptOutcome.FAILED,
                 reason="LeaseExpired",
                 time=now,
+            ),
+            AttemptRecord(
+                worker="w1",
+                token=2,
+                attempt=2,
+                outcome=AttemptOutcome.FAILED,
+                reason="LeaseExpired",
+                time=now,
+                usage=[
+                    BudgetUsage(name="openai", requests=3, tokens=2900),
+                    BudgetUsage(name="search", requests=1, tokens=0),
+                ],
             ),
             AttemptRecord(outcome=AttemptOutcome.REQUEUED, reason="Requeued", time=now),
         ],
@@ -432,6 +579,14 @@ INVALID_STATUSES = {
     ),
     "history-without-time": ({"history": [_attempt(1, time=None)]}, "status.history[0].time"),
     "history-too-long": ({"history": [_attempt(n) for n in range(1, 22)]}, "status.history"),
+    "usage-negative": (
+        {"history": [_attempt(1, usage=[{"name": "openai", "tokens": -1}])]},
+        "status.history[0].usage[0].tokens",
+    ),
+    "usage-repeated": (
+        {"history": [_attempt(1, usage=[{"name": "openai"}, {"name": "openai"}])]},
+        "status.history[0].usage[1]",
+    ),
 }
 
 

@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from agentq.models import (
+    AgentBudgetSpec,
+    AgentBudgetStatus,
     AgentQueueSpec,
     AgentQueueStatus,
     AgentTaskSpec,
@@ -34,13 +36,17 @@ from agentq.models import (
     AgentWorkerStatus,
     AttemptOutcome,
     AttemptRecord,
+    BudgetUsage,
+    BudgetWindow,
     Condition,
     ConditionStatus,
     ModelError,
     RetryBackoff,
     TaskError,
     TaskPhase,
+    WindowBucket,
     condition_reason,
+    parse_budget,
     parse_queue,
     parse_task,
     parse_task_spec,
@@ -48,7 +54,17 @@ from agentq.models import (
     parse_worker,
     parse_worker_status,
 )
-from builders import INVALID_QUEUES, INVALID_TASKS, INVALID_WORKERS, Invalid, queue, task, worker
+from builders import (
+    INVALID_BUDGETS,
+    INVALID_QUEUES,
+    INVALID_TASKS,
+    INVALID_WORKERS,
+    Invalid,
+    budget,
+    queue,
+    task,
+    worker,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -195,6 +211,8 @@ PAIRS: list[tuple[str, str, type[BaseModel]]] = [
     ("agentworkers", "status", AgentWorkerStatus),
     ("agentqueues", "spec", AgentQueueSpec),
     ("agentqueues", "status", AgentQueueStatus),
+    ("agentbudgets", "spec", AgentBudgetSpec),
+    ("agentbudgets", "status", AgentBudgetStatus),
 ]
 
 
@@ -298,6 +316,7 @@ def _is_transition(rule: dict[str, str]) -> bool:
         ("agenttasks", INVALID_TASKS),
         ("agentworkers", INVALID_WORKERS),
         ("agentqueues", INVALID_QUEUES),
+        ("agentbudgets", INVALID_BUDGETS),
     ],
 )
 def test_every_cel_rule_has_an_invalid_case(plural: str, cases: tuple[Invalid, ...]) -> None:
@@ -314,6 +333,7 @@ def test_transition_rules_are_the_immutable_fields() -> None:
     # integration tests check them on the API server.
     rules = [r for r in cel_rules(root_schema("agenttasks")) if _is_transition(r)]
     assert sorted(_message(r) for r in rules) == [
+        "budgets is immutable",
         "cost is immutable",
         "payload is immutable",
         "queue is immutable",
@@ -321,6 +341,7 @@ def test_transition_rules_are_the_immutable_fields() -> None:
     ]
     assert not [r for r in cel_rules(root_schema("agentworkers")) if _is_transition(r)]
     assert not [r for r in cel_rules(root_schema("agentqueues")) if _is_transition(r)]
+    assert not [r for r in cel_rules(root_schema("agentbudgets")) if _is_transition(r)]
 
 
 def _all_cases() -> list[tuple[str, Invalid]]:
@@ -328,6 +349,7 @@ def _all_cases() -> list[tuple[str, Invalid]]:
         [("agenttasks", c) for c in INVALID_TASKS]
         + [("agentworkers", c) for c in INVALID_WORKERS]
         + [("agentqueues", c) for c in INVALID_QUEUES]
+        + [("agentbudgets", c) for c in INVALID_BUDGETS]
     )
 
 
@@ -335,6 +357,7 @@ PARSERS: dict[str, Callable[[dict[str, Any]], object]] = {
     "agenttasks": parse_task,
     "agentworkers": parse_worker,
     "agentqueues": parse_queue,
+    "agentbudgets": parse_budget,
 }
 
 
@@ -368,8 +391,9 @@ def test_the_models_refuse_what_the_api_server_refuses(plural: str, case: Invali
         task("no-spec").unset("spec").obj(),
         task("some").requires("gpu").cost(2.5).backoff(initial=0.5).lease(60).obj(),
         task("grace").on_expiry("GracePeriod", grace=5).payload({"prompt": "hi", "n": [1]}).obj(),
+        task("budgets").budget("openai", tokens=800).budget("search").obj(),
     ],
-    ids=["minimal", "no-spec", "some-fields", "grace"],
+    ids=["minimal", "no-spec", "some-fields", "grace", "budgets"],
 )
 def test_model_defaults_are_the_api_server_defaults(manifest: dict[str, Any]) -> None:
     defaulted = apply_defaults(root_schema("agenttasks"), manifest)
@@ -382,6 +406,72 @@ def test_queue_defaults() -> None:
     assert defaulted["spec"] == {"weight": 1}
     assert parse_queue(manifest).spec.to_dict() == defaulted["spec"]
     assert parse_queue(queue("q").unset("spec").obj()).spec == AgentQueueSpec()
+
+
+def test_budget_defaults() -> None:
+    manifest = budget("b").obj()
+    defaulted = apply_defaults(root_schema("agentbudgets"), manifest)
+    assert defaulted["spec"] == {}
+    assert parse_budget(manifest).spec == AgentBudgetSpec()
+    assert parse_budget(budget("b").unset("spec").obj()).spec == AgentBudgetSpec()
+    limits = budget("b").requests_per_minute(60).tokens_per_minute(6000).max_concurrent(2)
+    assert parse_budget(limits.obj()).spec.to_dict() == {
+        "requestsPerMinute": 60,
+        "tokensPerMinute": 6000,
+        "maxConcurrent": 2,
+    }
+
+
+def test_a_tasks_budget_estimates_default_to_one_request_and_no_tokens() -> None:
+    spec = parse_task(task("t").budget("openai", tokens=800).budget("search").obj()).spec
+    assert spec.budgets is not None
+    assert [(b.name, b.requests, b.tokens) for b in spec.budgets] == [
+        ("openai", 1, 800),
+        ("search", 1, 0),
+    ]
+    assert parse_task(task("t").obj()).spec.budgets is None
+    with pytest.raises(ValueError, match="frozen"):
+        spec.budgets = ()
+
+
+def test_an_attempts_usage_names_each_budget_once() -> None:
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    usage = [BudgetUsage(name="openai", requests=3, tokens=2900)]
+    record = AttemptRecord(outcome=AttemptOutcome.SUCCEEDED, time=now, usage=usage)
+    assert record.to_dict()["usage"] == [{"name": "openai", "requests": 3, "tokens": 2900}]
+    with pytest.raises(ValueError, match="usage must not repeat 'openai'"):
+        AttemptRecord(outcome=AttemptOutcome.FAILED, time=now, usage=usage * 2)
+
+
+def test_a_budget_status_round_trips_through_json() -> None:
+    now = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
+    status = AgentBudgetStatus(
+        in_use=2,
+        used_requests=40,
+        used_tokens=4000,
+        reserved_requests=2,
+        reserved_tokens=2000,
+        available_requests=18,
+        available_tokens=0,
+        available_concurrency=0,
+        throttled_until=now,
+        waiting=7,
+        window=BudgetWindow(
+            as_of=now,
+            bucket_seconds=5,
+            buckets=[WindowBucket(start=now, requests=3, tokens=300)],
+        ),
+        observed_generation=1,
+    )
+    wire = status.to_dict()
+    assert wire["window"] == {
+        "asOf": "2025-01-02T03:04:05Z",
+        "bucketSeconds": 5,
+        "buckets": [{"start": "2025-01-02T03:04:05Z", "requests": 3, "tokens": 300}],
+    }
+    assert AgentBudgetStatus.model_validate(json.loads(json.dumps(wire))) == status
+    with pytest.raises(ValueError, match="bucket_seconds"):
+        BudgetWindow(as_of=now, bucket_seconds=0)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pytest
 
 from agentq import protocol, views
 from agentq.models import TaskPhase
-from builders import task
+from builders import budget, task
 
 
 def nested(depth: int) -> str:
@@ -89,3 +89,20 @@ def test_a_lease_view_parses_its_token_strictly() -> None:
     assert lease("12").subject == "t1"  # from the name when the label is missing
     assert lease("12").duration is None  # true is not a duration
     assert lease("3", **{protocol.ANNOTATION_TASK_UID: "u1"}).task_uid == "u1"
+
+
+def test_a_budget_view_keeps_a_bad_spec_as_a_problem_and_a_bad_status_field_dropped() -> None:
+    good = budget("openai").requests_per_minute(60).obj()
+    good["metadata"].update(uid="u", resourceVersion="4", generation=2)
+    good["status"] = {"inUse": 1, "throttledUntil": "2025-01-01T00:00:10Z", "waiting": -3}
+    view = views.budget_view(good)
+    assert view.spec is not None and view.spec.requests_per_minute == 60
+    assert view.problem is None and (view.uid, view.resource_version) == ("u", "4")
+    assert view.generation == 2
+    assert view.status.in_use == 1 and view.status.waiting is None  # -3: dropped
+    assert view.status.throttled_until is not None
+
+    bad = views.budget_view(budget("b").requests_per_minute(0).obj())
+    assert bad.spec is None
+    assert bad.problem is not None and bad.problem.reason == "InvalidSpec"
+    assert "requestsPerMinute" in bad.problem.message
