@@ -19,7 +19,7 @@
 // to a secret that has since changed is sent again once with the new one.
 package sidecar
 
-//go:generate go tool oapi-codegen -config oapi-codegen.yaml ../../../../docs/agent-api.openapi.yaml
+//go:generate sh ../../generate.sh
 
 import (
 	"bytes"

@@ -49,6 +49,8 @@ export class Agent {
   constructor(
     readonly client: SidecarClient,
     readonly sink?: SQLiteFencedStore,
+    /** Overrides the payload's stepSeconds. */
+    readonly stepSeconds?: number,
   ) {}
 
   /** Works on one assignment and says how it ended. */
@@ -69,6 +71,7 @@ export class Agent {
 
   private async work(a: Assignment, signal?: AbortSignal): Promise<void> {
     const p = parsePayload(a.payload);
+    if (this.stepSeconds !== undefined) p.stepSeconds = this.stepSeconds;
     const sink = this.sink;
     // A revoked claim has no next attempt whose writes would fence ours: the revocation's
     // token does it, so this attempt's own later writes are refused.

@@ -4,6 +4,7 @@
  * it works, writes its output to a fenced SQLite sink and reports.
  *
  *     node dist/src/main.js [--sidecar URL] [--token-file FILE] [--sink sqlite:///path.db] [--poll 30]
+ *                           [--step-seconds S]
  *
  * What it does with an attempt is told by the task's payload (every field optional):
  *
@@ -12,6 +13,7 @@
  *      "blocking": false,                                 // true: the steps check nothing (a long model call)
  *      "reason": "AgentError", "message": "..."}          // for fail (retryable) and fatal (not)
  *
+ * --step-seconds overrides the payload's stepSeconds (a slower or a faster agent).
  * hold beats with a new progress marker every beat until the claim is lost or revoked. With
  * --sink it fences the task's key with its token as it starts, writes its output there when
  * the work is done, and fences the key with the revocation's token when the operator revokes
@@ -34,12 +36,14 @@ async function main(): Promise<void> {
       "token-file": { type: "string" },
       sink: { type: "string" },
       poll: { type: "string", default: "30" },
+      "step-seconds": { type: "string" },
     },
   });
   const client = new SidecarClient(values.sidecar, values["token-file"]);
   const sinkUrl = values.sink ?? process.env.AGENTQ_SINK;
   const sink = sinkUrl ? SQLiteFencedStore.open(sinkUrl) : undefined;
-  const agent = new Agent(client, sink);
+  const stepSeconds = values["step-seconds"];
+  const agent = new Agent(client, sink, stepSeconds === undefined ? undefined : Number(stepSeconds));
   const stop = new AbortController();
   for (const sig of ["SIGTERM", "SIGINT"] as const) process.on(sig, () => stop.abort());
   emit("started", { sidecar: client.url });

@@ -2,6 +2,7 @@
 // with progress while it works, writes its output to a fenced SQLite sink and reports.
 //
 //	agent [--sidecar URL] [--token-file FILE] [--sink sqlite:///path.db] [--poll 30]
+//	      [--step-seconds S]
 //
 // What it does with an attempt is told by the task's payload (every field optional):
 //
@@ -10,6 +11,7 @@
 //	 "blocking": false,                                 // true: the steps check nothing (a long model call)
 //	 "reason": "AgentError", "message": "..."}          // for fail (retryable) and fatal (not)
 //
+// --step-seconds overrides the payload's stepSeconds (a slower or a faster agent).
 // hold beats with a new progress marker every beat until the claim is lost or revoked.
 // With --sink it fences the task's key with its token as it starts, writes its output
 // there when the work is done, and fences the key with the revocation's token when the
@@ -80,8 +82,9 @@ func parsePayload(raw any) (Payload, error) {
 }
 
 type agent struct {
-	client *sidecar.Client
-	sink   *fencing.Store
+	client      *sidecar.Client
+	sink        *fencing.Store
+	stepSeconds float64 // overrides the payload's when >= 0
 }
 
 func main() {
@@ -89,9 +92,10 @@ func main() {
 	tokenFile := flag.String("token-file", "", "the sidecar's token file [$AGENTQ_SIDECAR_TOKEN_FILE; default "+sidecar.DefaultTokenFile+"]")
 	sinkURL := flag.String("sink", os.Getenv("AGENTQ_SINK"), "fenced sink: sqlite:///path.db [$AGENTQ_SINK]")
 	poll := flag.Float64("poll", 30, "long-poll seconds")
+	stepSeconds := flag.Float64("step-seconds", -1, "override the payload's stepSeconds")
 	flag.Parse()
 
-	a := &agent{client: sidecar.NewClient(*url, *tokenFile)}
+	a := &agent{client: sidecar.NewClient(*url, *tokenFile), stepSeconds: *stepSeconds}
 	if *sinkURL != "" {
 		store, err := fencing.Open(*sinkURL)
 		if err != nil {
@@ -142,6 +146,9 @@ func (a *agent) work(ctx context.Context, as sidecar.Assignment) error {
 	p, err := parsePayload(as.Payload)
 	if err != nil {
 		return err
+	}
+	if a.stepSeconds >= 0 {
+		p.StepSeconds = a.stepSeconds
 	}
 	token := int64(as.Token)
 	var onRevoke func(int64)
