@@ -205,10 +205,11 @@ monitoring-deps:
 	fi
 
 # The example agents in Go and TypeScript (examples/agents; docs/agent-api.md, "Agents in
-# other languages"): their Go modules from the Go module proxy (go.sum) and npm packages
-# from the npm registry (npm ci, package-lock.json; better-sqlite3 is compiled against
-# the machine's Node headers), then one build of each to fill the caches. Done once:
-# the stamps are newer than the lock files, so a second run does nothing.
+# Go and TypeScript"): their Go modules from the Go module proxy (go.sum) and npm
+# packages from the npm registry (npm ci, package-lock.json; better-sqlite3 compiled
+# against the machine's Node headers, and node_modules then kept per machine by
+# ts/install.sh), then one build of each to fill the caches. Done once: the stamps are
+# newer than the lock files, so a second run does nothing.
 # tests/integration/test_agents_polyglot.py runs both against real sidecars.
 AGENTS   := examples/agents
 GO_STAMP := $(AGENTS)/go/bin/.deps-stamp
@@ -222,10 +223,8 @@ $(GO_STAMP): $(AGENTS)/go/go.mod $(AGENTS)/go/go.sum
 
 $(TS_STAMP): $(AGENTS)/ts/package.json $(AGENTS)/ts/package-lock.json
 	@command -v npm >/dev/null || { echo "error: npm not found (Node 20+ runs the TypeScript example agent)"; exit 1; }
-	cd $(AGENTS)/ts && \
-	  if [ -f /usr/include/node/node.h ]; then export npm_config_nodedir=/usr; fi && \
-	  export npm_config_build_from_source=true && \
-	  npm ci --no-audit --no-fund --loglevel=error && node_modules/.bin/tsc -p .
+	$(AGENTS)/ts/install.sh
+	cd $(AGENTS)/ts && node_modules/.bin/tsc -p .
 	touch $@
 
 polyglot-deps: $(GO_STAMP) $(TS_STAMP)
