@@ -68,13 +68,6 @@ def wait_event(
         time.sleep(0.1)
 
 
-def wait_ready(fleet: Fleet, *names: str, timeout: float = 30) -> None:
-    fleet.wait_all(
-        lambda _: all(fleet.worker(n).get("status", {}).get("phase") == "Ready" for n in names),
-        timeout=timeout,
-    )
-
-
 def progress(body: dict[str, Any]) -> str:
     return str((body.get("status") or {}).get("progress") or "")
 
@@ -172,13 +165,12 @@ def test_a_frozen_attempt_wakes_up_refused_at_the_sink_and_by_a_409(
     wait_event(
         pair_a.agent, lambda e: e["event"] == "sink-fenced", timeout=30, what="a fenced its key"
     )
-    fleet.add_worker(worker("b").capabilities("llm"))
-    pair_b = start(fleet, "b", lang, sink)
-    wait_ready(fleet, "b")
-
+    # Frozen at once, well inside its 15 s of work, however long b then takes to start.
     pair_a.agent.signal(signal.SIGSTOP)
     try:
-        done = fleet.wait_phase("job", "Succeeded", timeout=LEASE + 40)["status"]
+        fleet.add_worker(worker("b").capabilities("llm"))
+        pair_b = start(fleet, "b", lang, sink)
+        done = fleet.wait_phase("job", "Succeeded", timeout=LEASE + 60)["status"]
     finally:
         pair_a.agent.signal(signal.SIGCONT)
     # a's sidecar lives on, Ready, so a retry may go back to a (whose frozen agent cannot
