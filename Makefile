@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv lock system-deps controlplane helm node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean
+.PHONY: help venv lock system-deps controlplane helm node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean polyglot-deps polyglot-generate polyglot-test
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench-e2e   no-op tasks through real sidecars vs a plain client's ceiling (docs/benchmarks.md)"
 	@echo "make soak     30 minutes at a steady rate with a short TTL: does anything grow (docs/benchmarks.md)"
 	@echo "make check    ruff, mypy, import-linter"
+	@echo "make polyglot-deps  the Go modules and npm packages of the example agents (examples/agents)"
+	@echo "make polyglot-generate  their types again from docs/agent-api.openapi.yaml"
 	@echo "make lock     requirements/*.lock (hashes) from the pyproject pins"
 	@echo "make helm     build helm (for charts/agentq) from the Go module proxy, once per machine"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
@@ -124,7 +126,7 @@ check: lint typecheck imports
 unit: venv
 	$(BIN)/pytest tests/unit sdk/tests
 
-integration: venv system-deps controlplane helm
+integration: venv system-deps controlplane helm polyglot-deps
 	$(BIN)/pytest tests/integration
 
 # Parallel runs (pytest-xdist): TEST_WORKERS processes against one shared control plane
@@ -144,7 +146,7 @@ test-fast: venv
 
 # Everything but tests/node (real pods on a local node, `make e2e`): unit, integration
 # and slow, in parallel.
-test: venv system-deps controlplane helm check
+test: venv system-deps controlplane helm polyglot-deps check
 	$(BIN)/pytest -m "not node" -n $(TEST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS)
 
 # The operator's liveness tests again with kopf's watches (--watcher kopf): both watcher
@@ -208,3 +210,36 @@ monitoring-deps:
 	    echo "warning: could not install prometheus; the monitoring tests will fail"; \
 	  else echo "note: prometheus not installed; the monitoring tests will fail"; fi; \
 	fi
+
+# The example agents in Go and TypeScript (examples/agents; docs/agent-api.md, "Agents in
+# Go and TypeScript"): their Go modules from the Go module proxy (go.sum) and npm
+# packages from the npm registry (npm ci, package-lock.json; better-sqlite3 compiled
+# against the machine's Node headers, and node_modules then kept per machine by
+# ts/install.sh), then one build of each to fill the caches. Done once: the stamps are
+# newer than the lock files, so a second run does nothing.
+# tests/integration/test_agents_polyglot.py runs both against real sidecars.
+AGENTS   := examples/agents
+GO_STAMP := $(AGENTS)/go/bin/.deps-stamp
+TS_STAMP := $(AGENTS)/ts/node_modules/.deps-stamp
+
+$(GO_STAMP): $(AGENTS)/go/go.mod $(AGENTS)/go/go.sum
+	@command -v go >/dev/null || { echo "error: go not found (Go 1.26+ builds the Go example agent)"; exit 1; }
+	cd $(AGENTS)/go && go mod download && go build -o bin/agent ./cmd/agent && \
+	  go test -count=1 -run '^$$' ./... >/dev/null && go tool oapi-codegen -version >/dev/null
+	touch $@
+
+$(TS_STAMP): $(AGENTS)/ts/package.json $(AGENTS)/ts/package-lock.json
+	@command -v npm >/dev/null || { echo "error: npm not found (Node 20+ runs the TypeScript example agent)"; exit 1; }
+	$(AGENTS)/ts/install.sh
+	cd $(AGENTS)/ts && node_modules/.bin/tsc -p .
+	touch $@
+
+polyglot-deps: $(GO_STAMP) $(TS_STAMP)
+
+polyglot-generate: polyglot-deps
+	$(AGENTS)/generate.sh
+
+# Their own unit tests (go test, node's test runner), without a control plane.
+polyglot-test: polyglot-deps
+	cd $(AGENTS)/go && go test ./...
+	cd $(AGENTS)/ts && npm test

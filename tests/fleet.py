@@ -389,6 +389,7 @@ class Fleet:
         sink: str | None = None,
         identity: str | None = None,
         kubeconfig: str | None = None,
+        program: Callable[[str, Path], list[str]] | None = None,
         **options: Any,
     ) -> AgentPair:
         """Start an agent for ``worker``: a sidecar and an agent-sim behaving as told.
@@ -398,7 +399,8 @@ class Fleet:
         ``beat_seconds``). ``kubeconfig`` gives the sidecar other credentials than the
         fleet's (admin) ones. The sidecar's identity (its "pod name") defaults to
         ``<worker>-pod``, so a pair started again for the same worker is the same
-        pod restarted.
+        pod restarted. ``program(url, token_file)`` gives the argv of another agent than
+        agent-sim (the example agents in Go and TypeScript, ``tests/polyglot.py``).
         """
         sidecar_flags = {"worker_lease_seconds": 4}
         agent_flags = {}
@@ -421,6 +423,8 @@ class Fleet:
             sidecar_flags=sidecar_flags,
             agent_flags=agent_flags,
         )
+        if program is not None:
+            agent_argv = program(f"http://127.0.0.1:{port}", token_file)
         sidecar = Process(sidecar_argv, self.workdir / f"sidecar-{worker}-{n}.log", self._env())
         self.processes.append(sidecar)
         agent = Process(agent_argv, self.workdir / f"agent-{worker}-{n}.log", self._env())
