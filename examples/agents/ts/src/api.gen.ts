@@ -29,7 +29,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -49,7 +49,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -72,7 +72,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -95,7 +95,7 @@ export interface paths {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -353,7 +353,7 @@ export interface components {
         };
     };
     parameters: {
-        /** @description The AgentTask's name. */
+        /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
         Task: string;
     };
     requestBodies: never;
@@ -398,7 +398,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -425,7 +425,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -461,7 +461,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
@@ -497,7 +497,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
-                /** @description The AgentTask's name. */
+                /** @description The task id: the AgentTask's name, or `<namespace>~<name>` for a task of another namespace (a cross-namespace claim). */
                 task: components["parameters"]["Task"];
             };
             cookie?: never;
