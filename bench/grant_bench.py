@@ -184,6 +184,17 @@ async def run(args: argparse.Namespace, variants: list[Variant]) -> dict[str, di
                     + ", ".join(f"{k} {v:.1f}" for k, v in backlog.cpu_ms.items()),
                     flush=True,
                 )
+                answer = {
+                    f"{r} {v}": backlog.latency_ms.get((r, v), 0.0) / n
+                    for (r, v), n in backlog.requests.items()
+                    if n > 0.5 and (r, v) in backlog.latency_ms
+                }
+                result.setdefault("answer_ms", []).append(answer)
+                print(
+                    "   the API server's mean answer time, ms: "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in sorted(answer.items())),
+                    flush=True,
+                )
                 if backlog.errors:
                     print(f"   errors: {backlog.errors}", flush=True)
     finally:
