@@ -8,6 +8,8 @@ the embedded control plane; docs/benchmarks.md has its figures.
 
 from __future__ import annotations
 
+import itertools
+
 from agentq import protocol
 from agentq.operator.tokens import ANNOTATION_CEILING
 from builders import task
@@ -54,7 +56,7 @@ async def test_the_freed_slot_is_granted_the_next_token_with_no_write_in_between
     names = ["a", "b", "c"]
     await full_worker_and_a_backlog(h, names)
     await h.steps(50)
-    for done, following in zip(names, names[1:], strict=False):
+    for done, following in itertools.pairwise(names):
         writes = sum(h.kube.writes.values())
         h.report(done, outcome="Succeeded")
         await h.settle()
