@@ -716,6 +716,7 @@ async def agentq_run(
         for name, t in rec.tasks.items()
     }
     sample["grants"] = [(round(t - zero, 4), w, n) for t, w, n in rec.grants]
+    sample["zero"] = zero  # time.monotonic() of the first create (the stamps above are after it)
     idle = {
         "fleet_requests_per_s": {
             f"{r} {v}": c / args.idle_seconds for (r, v), c in background[0].requests.items()

@@ -260,6 +260,11 @@ class Recorder:
                         _, listed = await self.api.request("GET", base + "?limit=1", ok=(200,))
                         rv = str(listed["metadata"]["resourceVersion"])
                         continue
+                    if rsp.status != 200:
+                        # E.g. 504 "Too large resource version": the API server's watch
+                        # cache is behind the version our LIST read from etcd (a busy
+                        # API server). Its body is a Status, not events: try again.
+                        raise ValueError(f"HTTP {rsp.status}: {(await rsp.text())[:200]}")
                     buffer = b""
                     async for chunk in rsp.content.iter_any():
                         now = time.monotonic()

@@ -223,8 +223,8 @@ class Dispatcher:
                 queue.pop(lane, required)  # decided (Failed): not granted
                 self.agenda.decide(key)
                 continue
-            token = self.tokens.take(task.status.fencing_token or 0)
-            if token is None:
+            current = task.status.fencing_token or 0
+            if not self.tokens.ready(current):
                 self._refill_tokens()
                 return _STOP
             planned = scheduler.plan(
@@ -239,8 +239,13 @@ class Dispatcher:
                 ]
             )
             if not planned:
-                blocked.add(required)  # no worker can take this set now: skip it whole
+                # No worker can take this set now: skip it whole. No token is taken until
+                # the core has placed the task (taken first, every step of a backlog used
+                # one up, and the grants soon waited for a refill of the block).
+                blocked.add(required)
                 continue
+            token = self.tokens.take(current)
+            assert token is not None  # ready() said so, and nothing ran in between
             queue.pop(lane, required)
             charge = None if leaf is None else self.cores.queues.charge(leaf, task.spec.cost)
             ticket = self.store.start_write(record, granting=planned[0].worker)

@@ -68,14 +68,19 @@ class TokenAllocator:
     def available(self) -> int:
         return max(0, self._last - self._next + 1)
 
-    def take(self, above: int) -> int | None:
-        """The next token above ``above`` (the task's current one), or None when the block
-        is used up (the caller runs ``refill``)."""
+    def ready(self, above: int) -> bool:
+        """Whether ``take(above)`` would give a token: ask before deciding a grant, take
+        once it is decided (a pass that grants nothing must not use up the block)."""
         if self._next <= above:
             # Someone raised a status' token by hand past our block: skip past it.
             self.floor = max(self.floor, above)
             self._next = self._last + 1
-        if self.available == 0:
+        return self.available > 0
+
+    def take(self, above: int) -> int | None:
+        """The next token above ``above`` (the task's current one), or None when the block
+        is used up (the caller runs ``refill``)."""
+        if not self.ready(above):
             return None
         token = self._next
         self._next += 1
