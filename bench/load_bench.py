@@ -859,6 +859,10 @@ _CATEGORIES = (
     ("sync client in threads", ("concurrent/futures/thread.py",)),
     ("kopf (watch + per-event handling)", ("kopf/",)),
     ("informer (watch streams, decoding)", ("agentq/operator/informer",)),
+    (
+        "queue level (AgentQueues: tree, turns, status)",
+        ("agentq/operator/tenants", "agentq/scheduler/tenancy", "agentq/operator/queue_status"),
+    ),
     ("scheduler core", ("agentq/scheduler/",)),
     ("decisions (claims, lifecycle)", ("agentq/claims", "agentq/lifecycle", "agentq/expiry")),
     (
