@@ -165,11 +165,12 @@ bench: venv
 	$(BIN)/python bench/scheduler_bench.py
 
 # The operator under load (not part of make test: it takes ~15 minutes and wants a quiet
-# machine). BENCH_LOAD_ARGS adds or overrides options, e.g. a before/after comparison:
+# machine). --queues 1,4: the 1,000-task backlog also over 1 and over 4 AgentQueues, against
+# the plain one of the same run (issue 20: within 10 %). BENCH_LOAD_ARGS adds or overrides options, e.g. a before/after comparison:
 #   git archive main | tar -x -C /tmp/main && make bench-load BENCH_LOAD_ARGS=--variants=new,baseline=/tmp/main
 BENCH_LOAD_ARGS ?=
 bench-load: venv controlplane
-	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --profile --costs --write-docs $(BENCH_LOAD_ARGS)
+	$(BIN)/python bench/load_bench.py --variants new,kopf,threads --queues 1,4 --profile --costs --write-docs $(BENCH_LOAD_ARGS)
 
 # No-op tasks through real sidecar + agent-sim processes, against a plain client making
 # the same writes, in one run (not part of make test: a few minutes, and it wants a quiet

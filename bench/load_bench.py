@@ -21,7 +21,12 @@ busy machine):
 4. reclaim latency: 500 held tasks whose holder (the fleet process) is
    SIGKILLed, from each Lease's last renewal to the status write that reclaims
    it, p50 / p99 / max;
-5. with ``--costs``: what one request of each kind the operator makes costs the
+5. with ``--queues 1,4``: the 1,000-task backlog again, spread over that many
+   AgentQueues (weights ``--queue-weights``, default 1:1:1:2) drawing on the
+   workers of the tasks' own namespace, against the plain backlog of the same
+   round: throughput and CPU per dispatch as ratios, and how evenly the queue
+   level shared the grants against its bound (docs/tenancy.md);
+6. with ``--costs``: what one request of each kind the operator makes costs the
    API server, measured alone -- the AgentTask status CAS beside a Lease create
    and beside the same patch on a schema-less custom resource -- so the ceiling
    the raw Lease rate sets (1.) can be read against what a grant's writes cost.
@@ -33,11 +38,12 @@ the kubernetes sync client in threads (``--watcher kopf`` /
 ``baseline=DIR`` runs the operator from another source tree (for example
 ``git archive main``) for before/after figures.
 
-With ``--profile`` the first dispatch scenario of each variant is recorded by
-py-spy (``bench/out/``) and the hottest functions are listed.
+With ``--profile`` the 1,000-task drains of each variant's first round (the plain
+one and those over queues) are recorded by py-spy (``bench/out/``) and the
+hottest functions are listed.
 
 usage: python bench/load_bench.py [--quick] [--variants new,kopf,baseline=/tmp/main]
-       [--profile] [--write-docs]
+       [--queues 1,4] [--profile] [--write-docs]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import platform
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +78,7 @@ sys.path.insert(0, str(HERE))
 
 import aiohttp  # noqa: E402
 import docsection  # noqa: E402
-from load_common import LEASES, TASKS, WORKERS, Api, bounded, connect  # noqa: E402
+from load_common import LEASES, QUEUES, TASKS, WORKERS, Api, bounded, connect  # noqa: E402
 
 from agentq.controlplane import Cluster  # noqa: E402
 from agentq.controlplane.cluster import free_port  # noqa: E402
@@ -87,6 +94,7 @@ WRITE_VERBS = frozenset(("POST", "PUT", "PATCH", "DELETE"))
 OPERATOR_RESOURCES = (
     "agenttasks/status",
     "agentworkers/status",
+    "agentqueues/status",
     "agenttasks",
     "agentworkers",
     "leases",
@@ -210,15 +218,12 @@ class Env:
 def install_crds(env: Env, variant: Variant | None = None) -> None:
     """The CRDs of the variant's own tree (a baseline runs with the CRDs it shipped with)."""
     root = Path(variant.src).parent if variant is not None and variant.src else ROOT
+    crds = ["crd/agenttasks.agentq.dev", "crd/agentworkers.agentq.dev"]
+    if (root / "crds" / "agentqueues.agentq.dev.yaml").exists():
+        crds.append("crd/agentqueues.agentq.dev")
     for args in (
         ["apply", "-f", str(root / "crds")],
-        [
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/agenttasks.agentq.dev",
-            "crd/agentworkers.agentq.dev",
-        ],
+        ["wait", "--for=condition=Established", "--timeout=60s", *crds],
     ):
         kubectl(env, *args)
 
@@ -354,25 +359,99 @@ async def create_workers(env: Env, ns: str, count: int, max_in_flight: int) -> N
     )
 
 
-async def create_tasks(env: Env, ns: str, count: int, lease: int) -> None:
+async def create_tasks(
+    env: Env, ns: str, count: int, lease: int, queues: list[str] | None = None
+) -> None:
+    """``count`` pending tasks; with ``queues``, task ``i`` names ``queues[i % n]`` (so
+    they arrive interleaved, each queue's backlog as old as the others')."""
+
     def body(i: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "requiredCapabilities": ["llm"],
+            "leaseDurationSeconds": lease,
+            "maxReclaims": 5,
+            "retryBackoff": {"initialSeconds": 0},
+            "payload": {"prompt": f"task {i}"},
+        }
+        if queues:
+            spec["queue"] = queues[i % len(queues)]
         return {
             "apiVersion": "agentq.dev/v1alpha1",
             "kind": "AgentTask",
             "metadata": {"name": f"t{i:05d}"},
-            "spec": {
-                "requiredCapabilities": ["llm"],
-                "leaseDurationSeconds": lease,
-                "maxReclaims": 5,
-                "retryBackoff": {"initialSeconds": 0},
-                "payload": {"prompt": f"task {i}"},
-            },
+            "spec": spec,
         }
 
     await bounded(
         [lambda i=i: env.api.request("POST", TASKS.format(ns=ns), body(i)) for i in range(count)],  # type: ignore[misc]
         32,
     )
+
+
+async def create_queues(env: Env, ns: str, weights: tuple[float, ...]) -> list[str]:
+    """One leaf AgentQueue per weight (cluster-scoped, named after ``ns``), each selecting
+    ``ns`` by its name label and drawing on the workers of ``ns``."""
+    names = [f"{ns}-q{i}" for i in range(len(weights))]
+    for name, weight in zip(names, weights, strict=True):
+        status, reply = await env.api.request(
+            "POST",
+            QUEUES,
+            {
+                "apiVersion": "agentq.dev/v1alpha1",
+                "kind": "AgentQueue",
+                "metadata": {"name": name},
+                "spec": {
+                    "weight": weight,
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": ns},
+                    },
+                    "workerNamespace": ns,
+                },
+            },
+        )
+        if status != 201:
+            raise RuntimeError(f"AgentQueue {name}: HTTP {status}: {str(reply)[:300]}")
+    return names
+
+
+async def drop_queues(env: Env, names: list[str]) -> None:
+    for name in names:
+        await env.api.request("DELETE", f"{QUEUES}/{name}", ok=(200, 202, 404))
+
+
+def queue_weights(count: int, weights: tuple[float, ...]) -> tuple[float, ...]:
+    """The weights of ``count`` queues: ``weights`` in order, 1 past its end."""
+    return tuple(weights[i] if i < len(weights) else 1.0 for i in range(count))
+
+
+def share_gap(tasks: list[dict[str, Any]], weights: dict[str, float]) -> dict[str, Any]:
+    """How evenly the queue level shared the grants, read back from the tasks: fencing
+    tokens rise with every grant, in the order the operator decided them. Over every
+    prefix of that order while every queue still had a backlog (up to the grant that
+    emptied the first queue), the largest ``|a_i / w_i - a_j / w_j|`` of two queues (``a``
+    the cost granted from each, every task of cost 1), divided by its bound ``C / w_i +
+    C / w_j`` (docs/tenancy.md, "The bound, at every level"): at most 1 when the bound
+    holds."""
+    order = sorted(
+        (int((t.get("status") or {}).get("fencingToken") or 0), t["spec"].get("queue"))
+        for t in tasks
+        if (t.get("status") or {}).get("fencingToken")
+    )
+    total = collections.Counter(q for _, q in order)
+    if len(total) < 2:
+        return {"share_gap": math.nan, "share_window": 0}
+    served: collections.Counter[str] = collections.Counter()
+    worst = 0.0
+    window = 0
+    for _, q in order:
+        served[q] += 1
+        window += 1
+        for i, j in itertools.combinations(weights, 2):
+            gap = abs(served[i] / weights[i] - served[j] / weights[j])
+            worst = max(worst, gap / (1 / weights[i] + 1 / weights[j]))
+        if served[q] == total[q]:
+            break  # the first queue to run out: the shared backlog ends here
+    return {"share_gap": worst, "share_window": window}
 
 
 # -- scenarios ---------------------------------------------------------------------------
@@ -780,6 +859,10 @@ _CATEGORIES = (
     ("sync client in threads", ("concurrent/futures/thread.py",)),
     ("kopf (watch + per-event handling)", ("kopf/",)),
     ("informer (watch streams, decoding)", ("agentq/operator/informer",)),
+    (
+        "queue level (AgentQueues: tree, turns, status)",
+        ("agentq/operator/tenants", "agentq/scheduler/tenancy", "agentq/operator/queue_status"),
+    ),
     ("scheduler core", ("agentq/scheduler/",)),
     ("decisions (claims, lifecycle)", ("agentq/claims", "agentq/lifecycle", "agentq/expiry")),
     (
@@ -857,23 +940,39 @@ async def register_fleet(env: Env, ns: str, variant: Variant, workers: int, *, t
 
 
 async def dispatch(
-    env: Env, variant: Variant, tasks: int, workers: int, *, profile: bool, renewals: bool
+    env: Env,
+    variant: Variant,
+    tasks: int,
+    workers: int,
+    *,
+    profile: bool,
+    renewals: bool,
+    queues: tuple[float, ...] = (),
 ) -> Result:
-    name = f"dispatch {tasks:,}/{workers:,} [{variant.name}]"
+    """A backlog of ``tasks`` over ``workers`` drained by the operator. ``queues``: the
+    weights of as many AgentQueues the tasks are spread over (task ``i`` in queue ``i %
+    n``), every queue drawing on the workers of the tasks' own namespace; none: the tasks
+    name no queue (the namespace is its own, single queue)."""
+    shape = f", {len(queues)} queue{'s' if len(queues) > 1 else ''}" if queues else ""
+    name = f"dispatch {tasks:,}/{workers:,}{shape} [{variant.name}]"
+    tag = f"{tasks}-q{len(queues)}"
     print(f"== {name}", flush=True)
     install_crds(env, variant)
     ns = await make_namespace(env)
     fleet = operator = None
+    queue_names: list[str] = []
     try:
         per_worker = math.ceil(tasks / workers) + 1
         await create_workers(env, ns, workers, per_worker)
-        fleet, _ = start_fleet(env, ns, workers, tag=f"{variant.name}-{tasks}")
+        fleet, _ = start_fleet(env, ns, workers, tag=f"{variant.name}-{tag}")
+        if queues:
+            queue_names = await create_queues(env, ns, queues)
         # The fleet is registered before the backlog arrives, as in a cluster that runs:
         # an operator has seen every worker Ready once (one status write per new worker,
         # counted apart), then stops; the backlog is created; the measured operator
         # starts on it.
-        registration_writes = await register_fleet(env, ns, variant, workers, tag=f"{tasks}")
-        await create_tasks(env, ns, tasks, lease=900)
+        registration_writes = await register_fleet(env, ns, variant, workers, tag=tag)
+        await create_tasks(env, ns, tasks, lease=900, queues=queue_names)
         # When each task was first seen granted: from a watch of our own, opened before the
         # operator starts, so measuring costs the operator nothing (scraping would).
         granted: dict[str, float] = {}
@@ -882,12 +981,12 @@ async def dispatch(
         await asyncio.wait_for(connected.wait(), timeout=60)
         writes0 = await apiserver_writes(env.api)
         cpu0 = {k: cpu_seconds(p) for k, p in env.pids.items()}
-        operator = start_operator(env, ns, variant, f"{tasks}")
+        operator = start_operator(env, ns, variant, tag)
         op_cpu0 = cpu_seconds(operator.pid)
         spy = None
         if profile:
             OUT.mkdir(exist_ok=True)
-            spy_out = OUT / safe(f"profile-{variant.name}-{tasks}.txt")
+            spy_out = OUT / safe(f"profile-{variant.name}-{tag}.txt")
             spy = py_spy(operator.pid, spy_out, seconds=600)
         samples: list[tuple[float, int, float]] = []  # (t, granted so far, operator cpu)
         deadline = time.monotonic() + max(300, tasks / 5)
@@ -951,6 +1050,13 @@ async def dispatch(
             with contextlib.suppress(OSError, ValueError):
                 figures["profile"] = top_of_profile(spy_out)
                 figures["profile_file"] = str(spy_out.relative_to(ROOT))
+        figures["tasks"] = tasks
+        figures["queues"] = len(queues)
+        figures["weights"] = list(queues)
+        figures["variant"] = variant.name
+        if queue_names:
+            listed, _ = await env.api.list_all(TASKS.format(ns=ns))
+            figures.update(share_gap(listed, dict(zip(queue_names, queues, strict=True))))
         if renewals and done >= tasks:
             figures.update(await renewal_cost(env, ns, workers, operator, tasks))
         return Result(name, figures, per)
@@ -960,6 +1066,7 @@ async def dispatch(
         if fleet is not None:
             stop(fleet)
         await drop_namespace(env, ns)
+        await drop_queues(env, queue_names)
 
 
 def times_last(granted: dict[str, float]) -> float:
@@ -1359,6 +1466,7 @@ def render(results: list[Result], command: str, started: float) -> str:
                 + " | ".join(fmt(r.writes.get(k, 0.0), 3) for k in keys)
                 + f" | {fmt(registration, 2)} |"
             )
+        lines += render_queues(dispatches)
         renewal_rows = [r for r in dispatches if "renewals" in r.figures]
         if renewal_rows:
             lines += [
@@ -1433,6 +1541,95 @@ def render(results: list[Result], command: str, started: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_queues(dispatches: list[Result]) -> list[str]:
+    """The backlogs spread over AgentQueues against the plain one of the same round and
+    variant: the ratios of throughput and of CPU per dispatch, and how evenly the queue
+    level shared the grants."""
+    plain = {
+        (r.figures.get("variant"), r.figures.get("round")): r
+        for r in dispatches
+        if r.figures.get("queues") == 0 and r.figures.get("tasks") == 1000
+    }
+    rows = [
+        (r, plain[key])
+        for r in dispatches
+        if r.figures.get("queues")
+        and (key := (r.figures.get("variant"), r.figures.get("round"))) in plain
+    ]
+    if not rows:
+        return []
+
+    def ratio(r: Result, base: Result, figure: str) -> float:
+        b = float(base.figures[figure])
+        return float(r.figures[figure]) / b if b else math.nan
+
+    lines = [
+        "",
+        "The same backlog spread over AgentQueues (`--queues`): 1,000 tasks over the same",
+        "50 workers, task *i* in queue *i* mod *n*, every queue a leaf selecting the tasks'",
+        "namespace and drawing on its workers (the two-level dispatch of",
+        "[tenancy.md](tenancy.md#how-the-operator-dispatches-built)), against the plain",
+        "backlog (no queue) of the same round. *Share gap*: over the grants in the order the",
+        "operator decided them (their fencing tokens) while every queue had a backlog, the",
+        "largest `|a_i/w_i - a_j/w_j|` of two queues divided by its bound `C/w_i + C/w_j`",
+        "([tenancy.md](tenancy.md#the-bound-at-every-level)): at most 1 when the bound holds.",
+        "",
+        "| scenario | weights | tasks/s | operator CPU ms / dispatch "
+        "| API server CPU ms / dispatch | API writes / dispatch | tasks/s vs no queue "
+        "| operator CPU vs no queue | API server CPU vs no queue | share gap / bound "
+        "(grants) |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r, base in rows:
+        f = r.figures
+        window = f.get("share_window", 0)
+        gap = f"{fmt(f['share_gap'], 2)} ({window:,})" if window else "-"
+        cells = [
+            r.name,
+            ":".join(f"{w:g}" for w in f.get("weights", [])),
+            fmt(f["tasks_per_s"]),
+            fmt(f["operator_cpu_ms_per_dispatch"], 2),
+            fmt(f["apiserver_cpu_ms_per_dispatch"], 2),
+            fmt(f["writes_per_dispatch"], 2),
+            fmt(ratio(r, base, "tasks_per_s"), 2),
+            fmt(ratio(r, base, "operator_cpu_ms_per_dispatch"), 2),
+            fmt(ratio(r, base, "apiserver_cpu_ms_per_dispatch"), 2),
+            gap,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    # The issue's figure: the most queues against one queue (and against none), the
+    # median over the rounds.
+    by_count: dict[tuple[Any, int], dict[Any, Result]] = collections.defaultdict(dict)
+    for r in dispatches:
+        if r.figures.get("tasks") == 1000:
+            key = (r.figures.get("variant"), r.figures.get("queues", 0))
+            by_count[key][r.figures.get("round")] = r
+    most = max(r.figures["queues"] for r, _ in rows)
+    for variant in sorted({str(r.figures.get("variant")) for r, _ in rows}):
+        top = by_count.get((variant, most), {})
+        for base_count, label in ((1, "one queue"), (0, "no queue")):
+            if base_count == most:
+                continue
+            under = by_count.get((variant, base_count), {})
+            pairs = [(top[k], under[k]) for k in top if k in under]
+            if not pairs:
+                continue
+            parts = [
+                f"{what} {fmt(statistics.median(ratio(a, b, figure) for a, b in pairs), 2)}"
+                for what, figure in (
+                    ("tasks/s", "tasks_per_s"),
+                    ("operator CPU / dispatch", "operator_cpu_ms_per_dispatch"),
+                    ("API server CPU / dispatch", "apiserver_cpu_ms_per_dispatch"),
+                )
+            ]
+            lines += [
+                "",
+                f"{most} queues against {label} [{variant}], median of {len(pairs)} "
+                f"round{'s' if len(pairs) > 1 else ''}: " + ", ".join(parts) + ".",
+            ]
+    return lines
+
+
 def write_docs(section: str) -> None:
     docsection.write_section(DOCS, SECTION_START, SECTION_END, section)
 
@@ -1456,6 +1653,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
         if args.only_costs:
             return results
         scenarios = [(1000, 50)] if args.quick else [(1000, 50), (10000, 1000)]
+        queue_counts = [int(n) for n in args.queues.split(",") if n.strip()]
+        weights = tuple(float(w) for w in args.queue_weights.split(",") if w.strip())
         if args.only_reclaim:
             scenarios = []
         for tasks, workers in scenarios:
@@ -1465,18 +1664,30 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 for variant in variants:
                     if tasks > 1000 and variant.name not in args.large_variants.split(","):
                         continue
-                    result = await dispatch(
-                        env,
-                        variant,
-                        tasks,
-                        workers,
-                        profile=args.profile and tasks == 1000 and round_ == 0,
-                        renewals=not args.no_renewals and (tasks > 1000 or args.quick),
-                    )
-                    if args.repeat > 1:
-                        result.name += f" #{round_ + 1}"
-                    results.append(result)
-                    print(json.dumps(results[-1].figures, default=str), flush=True)
+                    # At 1,000 tasks, the same backlog spread over AgentQueues too
+                    # (``--queues``), beside the plain one; the order turns each round.
+                    shapes: list[tuple[float, ...]] = [()]
+                    if tasks == 1000 and variant.name in args.queue_variants.split(","):
+                        shapes += [queue_weights(n, weights) for n in queue_counts]
+                        turn = round_ % len(shapes)
+                        shapes = shapes[turn:] + shapes[:turn]
+                    for shape in shapes:
+                        result = await dispatch(
+                            env,
+                            variant,
+                            tasks,
+                            workers,
+                            profile=args.profile and tasks == 1000 and round_ == 0,
+                            renewals=not args.no_renewals
+                            and not shape
+                            and (tasks > 1000 or args.quick),
+                            queues=shape,
+                        )
+                        result.figures["round"] = round_
+                        if args.repeat > 1:
+                            result.name += f" #{round_ + 1}"
+                        results.append(result)
+                        print(json.dumps(results[-1].figures, default=str), flush=True)
         for variant in variants:
             if variant.name in args.reclaim_variants.split(","):
                 results.append(
@@ -1513,6 +1724,20 @@ def main() -> None:
     parser.add_argument("--only-costs", action="store_true", help="the request costs only")
     parser.add_argument("--repeat", type=int, default=1, help="run the dispatch variants N times")
     parser.add_argument("--no-renewals", action="store_true", help="skip the renewal-cost phase")
+    parser.add_argument(
+        "--queues",
+        default="",
+        help="comma list of AgentQueue counts: the 1,000-task backlog spread over that many "
+        "queues too, beside the plain one (e.g. 1,4)",
+    )
+    parser.add_argument(
+        "--queue-weights",
+        default="1,1,1,2",
+        help="the queues' weights in order (1 past the list's end)",
+    )
+    parser.add_argument(
+        "--queue-variants", default="new", help="variants run with --queues (comma list)"
+    )
     args = parser.parse_args()
     started = time.monotonic()
     results = asyncio.run(run(args))

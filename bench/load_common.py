@@ -20,6 +20,7 @@ from agentq import kube
 TASKS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agenttasks"
 WORKERS = "/apis/agentq.dev/v1alpha1/namespaces/{ns}/agentworkers"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
+QUEUES = "/apis/agentq.dev/v1alpha1/agentqueues"  # cluster-scoped
 
 
 @dataclass
