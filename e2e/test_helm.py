@@ -23,7 +23,8 @@ from nodetools import Platform
 RELEASE = "agentq"
 POOL = "agentq-helm-e2e"  # the release's namespace, and its agent pool's
 WORKER = "helm-e2e"
-CRDS = ("agenttasks.agentq.dev", "agentworkers.agentq.dev", "agentqueues.agentq.dev")
+# Every CRD of the repository (crds/<name>.yaml), as the chart carries them.
+CRDS = tuple(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "crds").glob("*.yaml")))
 T = TypeVar("T")
 
 _started = time.monotonic()

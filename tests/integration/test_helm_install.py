@@ -29,7 +29,8 @@ from helmchart import CHART, Key, helm, key, template
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("own-cluster")]
 
 RELEASE = "agentq"
-CRDS = ("agenttasks.agentq.dev", "agentworkers.agentq.dev", "agentqueues.agentq.dev")
+# Every CRD of the repository (crds/<name>.yaml), as the chart carries them.
+CRDS = tuple(sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "crds").glob("*.yaml")))
 
 
 @pytest.fixture(scope="module")
