@@ -11,38 +11,26 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from helmchart import CHART, helm
-from nodetools import Platform
+from nodetools import Platform, wait_for
 
 RELEASE = "agentq"
 POOL = "agentq-helm-e2e"  # the release's namespace, and its agent pool's
 WORKER = "helm-e2e"
 # Every CRD of the repository (crds/<name>.yaml), as the chart carries them.
 CRDS = tuple(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "crds").glob("*.yaml")))
-T = TypeVar("T")
 
 _started = time.monotonic()
 
 
 def say(line: str) -> None:
     print(f"[e2e helm {time.monotonic() - _started:6.1f}s] {line}", flush=True)
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 def _image_values(image: str) -> list[str]:

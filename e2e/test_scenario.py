@@ -28,14 +28,13 @@ import json
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client, config
 
 from manifests import agent_objects, install_base, to_yaml
-from nodetools import Platform
+from nodetools import Platform, wait_for
 from podchecks import (
     FROM_ITS_AGENT,
     NO_CREDENTIALS,
@@ -52,24 +51,12 @@ COSTS = [1 + i % 3 for i in range(BACKLOG)]
 WORK_SECONDS = 20
 LEASE_SECONDS = 10
 POISON_MAX_RECLAIMS = 2
-T = TypeVar("T")
 
 _started = time.monotonic()
 
 
 def say(line: str) -> None:
     print(f"[e2e {time.monotonic() - _started:6.1f}s] {line}", flush=True)
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 class Cluster:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -41,3 +44,19 @@ class Platform:
     ctr: tuple[str, ...]  # runs ctr against the node's containerd ("-n k8s.io ..." follows)
     image: str
     pull_policy: str
+
+
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
+    """``probe()`` until it gives a true value (returned), else AssertionError after
+    ``timeout`` seconds: the e2e tests' one way to wait on the cluster."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)

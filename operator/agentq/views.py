@@ -393,21 +393,27 @@ class QueueView:
     generation: int | None = None
 
 
-def queue_view(body: Mapping[str, Any]) -> QueueView:
+def _cluster_fields(body: Mapping[str, Any], spec_model: Any, status_model: Any) -> dict[str, Any]:
+    """The fields every cluster-scoped view (AgentQueue, AgentBudget) holds: the spec
+    read strictly, the status leniently, the spec's generation."""
     meta = _meta(body)
-    spec, problem = _strict_spec(AgentQueueSpec, body)
+    spec, problem = _strict_spec(spec_model, body)
     raw_status = body.get("status")
-    status, _ = _lenient(AgentQueueStatus, raw_status if isinstance(raw_status, Mapping) else {})
+    status, _ = _lenient(status_model, raw_status if isinstance(raw_status, Mapping) else {})
     generation = meta.get("generation")
-    return QueueView(
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
-        spec=spec,
-        problem=problem,
-        status=status,
-        generation=generation if isinstance(generation, int) and generation >= 0 else None,
-    )
+    return {
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+        "resource_version": str(meta.get("resourceVersion") or ""),
+        "spec": spec,
+        "problem": problem,
+        "status": status,
+        "generation": generation if isinstance(generation, int) and generation >= 0 else None,
+    }
+
+
+def queue_view(body: Mapping[str, Any]) -> QueueView:
+    return QueueView(**_cluster_fields(body, AgentQueueSpec, AgentQueueStatus))
 
 
 @dataclass(frozen=True, slots=True)
@@ -426,20 +432,7 @@ class BudgetView:
 
 
 def budget_view(body: Mapping[str, Any]) -> BudgetView:
-    meta = _meta(body)
-    spec, problem = _strict_spec(AgentBudgetSpec, body)
-    raw_status = body.get("status")
-    status, _ = _lenient(AgentBudgetStatus, raw_status if isinstance(raw_status, Mapping) else {})
-    generation = meta.get("generation")
-    return BudgetView(
-        name=str(meta.get("name") or ""),
-        uid=str(meta.get("uid") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
-        spec=spec,
-        problem=problem,
-        status=status,
-        generation=generation if isinstance(generation, int) and generation >= 0 else None,
-    )
+    return BudgetView(**_cluster_fields(body, AgentBudgetSpec, AgentBudgetStatus))
 
 
 def namespace_labels(body: Mapping[str, Any]) -> dict[str, str]:
