@@ -202,6 +202,20 @@ def wait_policy_in_force(control_plane: ControlPlane, timeout: float = 60) -> No
             api.close()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test that used a fleet shows the tail of its processes' logs (operator,
+    sidecars, agents): what CI prints is all there is to read after a flaky run."""
+    outcome = yield
+    report = outcome.get_result()
+    fleet = getattr(item, "funcargs", {}).get("fleet")
+    if report.failed and report.when == "call" and isinstance(fleet, Fleet):
+        try:
+            report.sections.append(("fleet logs (tails)", fleet.logs(tail=80)))
+        except OSError as err:  # a log file gone: the failure itself still shows
+            report.sections.append(("fleet logs (tails)", f"unreadable: {err}"))
+
+
 @pytest.fixture
 def fleet(
     control_plane: ControlPlane, agentq_crds: None, namespace: str, tmp_path: Path
