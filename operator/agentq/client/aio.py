@@ -41,6 +41,10 @@ RETRY_AFTER_MAX = 5.0  # the longest we wait on a 429/503's Retry-After before a
 # Waiting on more names than this in one namespace takes one WATCH of the namespace
 # (filtered here) instead of one WATCH per name.
 WATCHES_PER_NAMESPACE = 8
+# A timeout that ends before the first LIST answered waits for it, up to this long more,
+# checking every FIRST_LOOK_POLL seconds.
+FIRST_LOOK_GRACE = 30.0
+FIRST_LOOK_POLL = 0.05
 
 
 def find_config(kubeconfig: str | None = None, context: str | None = None) -> kube.KubeConfig:
@@ -321,7 +325,14 @@ class AsyncClient:
                     break
                 left = None if deadline is None else deadline - loop.time()
                 if left is not None and left <= 0:
-                    break
+                    # Each task is looked at once before the timeout counts (for up to
+                    # FIRST_LOOK_GRACE more): a LIST slower than the timeout must not
+                    # report a Failed task, or one that does not exist, as "not
+                    # finished: it is Pending".
+                    looked = all(g.tracker.listings for g in groups)
+                    if looked or -left > FIRST_LOOK_GRACE:
+                        break
+                    left = FIRST_LOOK_POLL
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait(
                     {getter, *running}, timeout=left, return_when=asyncio.FIRST_COMPLETED

@@ -57,8 +57,16 @@ class FakeApi:
     """Answers LISTs, WATCHes and creates of agenttasks from scripts (the last answer of a
     script repeats); records every request as (verb, query)."""
 
-    def __init__(self, *, lists: list[Any], watches: list[Any], creates: list[Any] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        lists: list[Any],
+        watches: list[Any],
+        creates: list[Any] = (),
+        list_delay: float = 0.0,
+    ) -> None:
         self.lists = list(lists)
+        self.list_delay = list_delay
         self.watches = list(watches)
         self.creates = list(creates)
         self.requests: list[tuple[str, dict[str, str]]] = []
@@ -73,6 +81,8 @@ class FakeApi:
         self.requests.append((verb, query))
         script = {"POST": self.creates, "WATCH": self.watches, "LIST": self.lists}[verb]
         answer = self._next(script)
+        if verb == "LIST":
+            await asyncio.sleep(self.list_delay)
         if isinstance(answer, int):
             status = {"kind": "Status", "code": answer, "message": f"scripted {answer}"}
             return web.json_response(status, status=answer)
@@ -135,6 +145,18 @@ def test_a_wait_that_times_out_made_two_requests() -> None:
     outcome = run(api, lambda c: c.task("a").outcome(timeout=1.0))
     assert outcome.end is End.TIMEOUT and outcome.phase == "Running"
     assert verbs(api) == [("LIST", ""), ("WATCH", "10")]
+
+
+def test_a_list_slower_than_the_timeout_is_still_waited_for() -> None:
+    """A loaded API server answering the first LIST after the timeout: the tasks are
+    judged on what it says (Failed, not found), not reported as unfinished."""
+    api = FakeApi(
+        lists=[listing(10, task("a", "Failed", 9, reason="AgentError"))],
+        watches=[[HANG]],
+        list_delay=0.8,
+    )
+    outcomes = run(api, lambda c: c.wait_all(["a", "ghost"], timeout=0.1))
+    assert [(o.name, o.end) for o in outcomes] == [("a", End.FAILED), ("ghost", End.NOT_FOUND)]
 
 
 @pytest.mark.parametrize("gone", [410, [event("ERROR", {"kind": "Status", "code": 410})]])
