@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +63,45 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         cluster.down(say=lambda line: print(line, flush=True))
         changed = hostcheck.differences(before, hostcheck.snapshot())
         assert not changed, "the host was left changed:\n" + "\n".join(changed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed e2e test shows what the cluster said: the operator pods' logs, every
+    task's phase and worker, and the Warning events (the cluster is gone after it)."""
+    outcome = yield
+    report = outcome.get_result()
+    platform = getattr(item, "funcargs", {}).get("platform")
+    if report.failed and report.when == "call" and isinstance(platform, Platform):
+        report.sections.append(("cluster at the failure", _diagnostics(platform)))
+
+
+def _diagnostics(platform: Platform) -> str:
+    def kubectl(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                [platform.kubectl, "--kubeconfig", platform.kubeconfig, *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return f"(kubectl {' '.join(args)}: {err})\n"
+        return done.stdout + done.stderr
+
+    columns = (
+        "custom-columns=NS:.metadata.namespace,NAME:.metadata.name,PHASE:.status.phase,"
+        "WORKER:.status.worker,TOKEN:.status.fencingToken"
+    )
+    parts = [
+        ("pods", kubectl("get", "pods", "-A", "-o", "wide")),
+        ("agenttasks", kubectl("get", "agenttasks", "-A", "-o", columns)),
+        ("agentworkers", kubectl("get", "agentworkers", "-A")),
+        ("leases", kubectl("get", "leases", "-A")),
+        ("warning events", kubectl("get", "events", "-A", "--field-selector=type=Warning")),
+    ]
+    operators = ("-l", "app.kubernetes.io/name=agentq-operator", "--all-containers")
+    logs = kubectl("-n", "agentq-system", "logs", *operators, "--prefix", "--tail=150")
+    parts.append(("operator logs", logs))
+    return "\n".join(f"--- {title}\n{text}" for title, text in parts)
