@@ -76,6 +76,12 @@ QUEUE_WEIGHT_SHARE = Gauge(
     "(status.weightShare): what agentq_queue_share_error is measured against.",
     ["queue"],
 )
+QUEUE_CAPPED = Gauge(
+    "agentq_queue_capped",
+    "1 while the AgentQueue or a queue above it holds its spec.maxInFlight claims (its "
+    "share is held down by that cap), else 0.",
+    ["queue"],
+)
 LEADER = Gauge("agentq_leader", "1 while this replica is the leader.")
 LEADER_TRANSITIONS = Counter(
     "agentq_leader_transitions_total", "Times this replica gained or lost leadership."
@@ -154,6 +160,7 @@ def forget_queue(queue: str) -> None:
         QUEUE_SERVED_COST,
         QUEUE_SHARE_ERROR,
         QUEUE_WEIGHT_SHARE,
+        QUEUE_CAPPED,
     ):
         with contextlib.suppress(KeyError):
             gauge.remove(queue)

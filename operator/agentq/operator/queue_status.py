@@ -110,6 +110,9 @@ class QueueFigures:
     served_cost: float
     share: float | None
     weight_share: float | None
+    # The queue or one above it holds its spec.maxInFlight: its share is held down by
+    # the cap its admin set, not by unfairness (AgentqQueueBeyondShare stays quiet).
+    capped: bool = False
 
 
 def _subtree(topo: Topology, name: str) -> list[str]:
@@ -139,6 +142,12 @@ def figures(
     for name, spec in topo.specs.items():
         by_parent.setdefault(spec.parent, []).append(name)
     out: dict[str, QueueFigures] = {}
+    in_flight = {
+        name: sum(
+            claims.get(q, 0) for q in (_subtree(topo, name) if name in topo.specs else [name])
+        )
+        for name in {*queues, *topo.specs}
+    }
     for name in queues:
         below = _subtree(topo, name) if name in topo.specs else [name]
         share: float | None = None
@@ -151,12 +160,18 @@ def figures(
             total = sum(granted.get(s, 0.0) for s in siblings)
             if total > 0:
                 share = min(1.0, granted.get(name, 0.0) / total)
+        capped = mine is not None and any(
+            (cap := topo.specs[q].max_in_flight) is not None and in_flight[q] >= cap
+            for q in topo.ancestors(name)
+            if q in topo.specs
+        )
         out[name] = QueueFigures(
             pending=sum(pending.get(q, 0) for q in below),
-            in_flight=sum(claims.get(q, 0) for q in below),
+            in_flight=in_flight[name],
             served_cost=served.get(name, 0.0),
             share=share,
             weight_share=weight_share,
+            capped=capped,
         )
     return out
 
@@ -418,6 +433,7 @@ class QueueStatuses:
         metrics.QUEUE_PENDING.labels(name).set(numbers.pending)
         metrics.QUEUE_IN_FLIGHT.labels(name).set(numbers.in_flight)
         metrics.QUEUE_SERVED_COST.labels(name).set(numbers.served_cost)
+        metrics.QUEUE_CAPPED.labels(name).set(1 if numbers.capped else 0)
         if numbers.weight_share is not None:
             metrics.QUEUE_WEIGHT_SHARE.labels(name).set(numbers.weight_share)
         else:

@@ -108,6 +108,32 @@ async def test_a_queue_status_counts_its_subtree_and_shares_by_weight() -> None:
 
 
 @run
+async def test_a_queue_held_by_its_own_or_a_parents_cap_says_so_in_its_gauge() -> None:
+    """agentq_queue_capped: a queue whose share its admin's maxInFlight holds down
+    (its own or a parent's) is 1, so AgentqQueueBeyondShare does not call it unfair."""
+    h = Harness(queue_status_interval=0.0)
+    await pool(h, slots=4)
+    h.queue(queue("org").selects(team="a").max_in_flight(2))
+    h.queue(queue("capped").parent("org").selects(team="a").workers_in(NS).max_in_flight(1))
+    h.queue(queue("under").parent("org").selects(team="a").workers_in(NS))
+    h.queue(queue("free").selects(team="a").workers_in(NS))
+    for i in range(3):
+        for leaf in ("capped", "under", "free"):
+            h.task(task(f"{leaf}-{i}").requires("llm").queue(leaf))
+    await looked(h)
+    assert qstatus(h, "capped")["inFlight"] == 1 and qstatus(h, "org")["inFlight"] == 2
+    assert gauge("agentq_queue_capped", "capped") == 1  # its own cap
+    assert gauge("agentq_queue_capped", "under") == 1  # org's cap, above it
+    assert gauge("agentq_queue_capped", "org") == 1
+    assert gauge("agentq_queue_capped", "free") == 0
+    await finish(h, [n for n in assigned(h) if n.startswith("capped")])
+    h.queue(queue("org").selects(team="a").max_in_flight(10))
+    await looked(h)
+    assert gauge("agentq_queue_capped", "under") == 0
+    assert gauge("agentq_queue_capped", "org") == 0
+
+
+@run
 async def test_a_detached_queue_says_why_and_is_attached_at_once_when_its_parent_comes() -> None:
     h = Harness()
     await pool(h)
