@@ -233,6 +233,26 @@ def test_a_second_run_writes_the_same_bytes(
     assert (again / "SHA256SUMS").read_bytes() == (released / "SHA256SUMS").read_bytes()
 
 
+def test_a_label_makes_a_second_build_of_the_same_layers(
+    image_archive: Path, tmp_path: Path
+) -> None:
+    """What e2e/test_helm.py upgrades to: another image ID, another tag, the same layers."""
+    second = tmp_path / "second.tar"
+    release.retag_image(
+        image_archive, second, "agentq:e2e-second", labels={"dev.agentq.build": "second"}
+    )
+    assert release.image_tags(second) == ["agentq:e2e-second"]
+    assert release.image_digest(second) != release.image_digest(image_archive)
+    with tarfile.open(second) as tar, tarfile.open(image_archive) as original:
+        manifest = json.loads(tar.extractfile("manifest.json").read())[0]  # type: ignore[union-attr]
+        config = json.loads(tar.extractfile(manifest["Config"]).read())  # type: ignore[union-attr]
+        before = json.loads(original.extractfile("manifest.json").read())[0]  # type: ignore[union-attr]
+        assert manifest["Config"] not in original.getnames()
+        assert manifest["Config"] in tar.getnames() and before["Config"] not in tar.getnames()
+    assert config["config"]["Labels"]["dev.agentq.build"] == "second"
+    assert manifest["Layers"] == before["Layers"]
+
+
 # -- refusals ------------------------------------------------------------------------------------
 
 

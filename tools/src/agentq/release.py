@@ -153,19 +153,38 @@ def _member_bytes(archive: tarfile.TarFile, name: str) -> bytes:
     return extracted.read()
 
 
-def retag_image(source: Path, dest: Path, tag: str) -> None:
+def retag_image(
+    source: Path, dest: Path, tag: str, *, labels: dict[str, str] | None = None
+) -> None:
     """Copy a ``docker save`` archive naming its one image ``tag`` (manifest.json's
-    RepoTags, the legacy ``repositories`` file, and an OCI index's ref annotations)."""
+    RepoTags, the legacy ``repositories`` file, and an OCI index's ref annotations).
+
+    ``labels`` are added to the image's config: the same layers as another image
+    (another image ID), as a second build of the same sources would be (Docker's
+    archive layout only, not an OCI index's)."""
     repository, _, version = tag.rpartition(":")
     with tarfile.open(source) as src, tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as out:
         manifest = json.loads(_member_bytes(src, "manifest.json"))
         if len(manifest) != 1:
             raise ReleaseError(f"{source} holds {len(manifest)} images; one was expected")
+        old_config = manifest[0]["Config"]
+        new_config: tuple[str, bytes] | None = None
+        if labels:
+            if "index.json" in src.getnames():
+                raise ReleaseError(f"{source}: labels are added to Docker's layout only")
+            config = json.loads(_member_bytes(src, old_config))
+            config.setdefault("config", {})
+            config["config"]["Labels"] = {**(config["config"].get("Labels") or {}), **labels}
+            blob = json.dumps(config, separators=(",", ":")).encode()
+            new_config = (hashlib.sha256(blob).hexdigest() + ".json", blob)
+            manifest[0]["Config"] = new_config[0]
+        manifest[0]["RepoTags"] = [tag]
         for member in src:
             data: bytes | None = None
             if member.name == "manifest.json":
-                manifest[0]["RepoTags"] = [tag]
                 data = json.dumps(manifest, separators=(",", ":")).encode()
+            elif member.name == old_config and new_config is not None:
+                member.name, data = new_config
             elif member.name == "repositories":
                 old = json.loads(_member_bytes(src, member.name))
                 top = next(iter(next(iter(old.values())).values()))
