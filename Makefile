@@ -7,7 +7,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: help venv lock system-deps controlplane helm node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean polyglot-deps polyglot-generate polyglot-test
+.PHONY: help venv lock release system-deps controlplane helm node-deps node image e2e check lint typecheck imports unit integration test test-fast test-kopf chaos bench bench-load bench-e2e soak demo demo-down clean polyglot-deps polyglot-generate polyglot-test
 
 help:
 	@echo "make test     set up everything, then run checks and the whole test suite (in parallel)"
@@ -25,6 +25,7 @@ help:
 	@echo "make helm     build helm (for charts/agentq) from the Go module proxy, once per machine"
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
+	@echo "make release VERSION=x.y.z  the release's artifacts into dist/release/<version>/"
 	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
 
 # Three distributions, installed editable in one command (so that pip takes the
@@ -111,6 +112,20 @@ image: venv node-deps
 e2e: venv node image helm
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_scenario.py
+
+# A release's artifacts into dist/release/<version>/ (tools/src/agentq/release.py;
+# docs/upgrading.md, "Releases"): the image (built here: root, a private dockerd) and its
+# digest, the rendered manifests and CRDs, the chart package, wheels and sdists of agentq
+# and agentq-agent, the CHANGELOG section and SHA256SUMS. A VERSION that is not semver,
+# has no CHANGELOG.md section or is not the sources' version is refused before anything
+# is built. RELEASE_ARGS adds options (--image-archive PATH: retag that image instead).
+VERSION ?=
+RELEASE_ARGS ?=
+release: venv
+	@if [ -z "$(VERSION)" ]; then echo "error: say the version: make release VERSION=x.y.z"; exit 2; fi
+	$(BIN)/python -m agentq.release --check-only "$(VERSION)"
+	$(MAKE) --no-print-directory node-deps controlplane helm
+	$(BIN)/python -m agentq.release "$(VERSION)" --out dist/release $(RELEASE_ARGS)
 
 lint: venv
 	$(BIN)/ruff check operator sdk tools tests bench e2e image requirements

@@ -1,9 +1,13 @@
 """charts/agentq on real pods (``make e2e``, before the scenario): the pinned helm
 (``make helm``) installs the chart with the locally built image and an agent pool of
-one worker, a task is done through it, ``helm upgrade`` rolls the operator with a
-changed value and a second task is done, and ``helm uninstall`` takes everything away
-but the CRDs (kept: the chart's default), which are then deleted by hand as
-docs/install.md says. It leaves the cluster as it found it, for the scenario after it.
+one worker; while tasks are running, ``helm upgrade`` rolls the operator to a second
+build of the image (another tag and image ID, the same layers: agentq.release's
+retag with a label) and a changed value, the agents left as they are; every task
+that ran across the upgrade succeeds with no reclaim (status and events read back
+from the API server), and a task is done by the new build. ``helm uninstall`` takes
+everything away but the CRDs (kept: the chart's default), which are then deleted by
+hand as docs/install.md says. It leaves the cluster as it found it, for the scenario
+after it. docs/upgrading.md cites it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from agentq import release
+from agentq.controlplane import imagebuild
 from helmchart import CHART, helm
 from nodetools import Platform, wait_for
 
@@ -25,6 +31,12 @@ POOL = "agentq-helm-e2e"  # the release's namespace, and its agent pool's
 WORKER = "helm-e2e"
 # Every CRD of the repository (crds/<name>.yaml), as the chart carries them.
 CRDS = tuple(sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "crds").glob("*.yaml")))
+# The second build the upgrade goes to, and the tasks that run across it: each works
+# longer than the operator's rollout takes, on a lease shorter than it.
+SECOND_IMAGE = "agentq:e2e-second-build"
+WORK_SECONDS = 60
+ACROSS = ("across-upgrade-0", "across-upgrade-1", "across-upgrade-2")
+RECLAIM_REASONS = {"LeaseExpired", "Reclaimed"}
 
 _started = time.monotonic()
 
@@ -75,7 +87,27 @@ class Kube:
         assert phase not in ("Failed", "DeadLettered"), f"task {name} {phase}: {task}"
         return phase if phase == "Succeeded" else ""
 
-    def submit(self, name: str) -> None:
+    def phase(self, name: str) -> str:
+        task = self.json("-n", POOL, "get", "agenttask", name)
+        return str(((task or {}).get("status") or {}).get("phase", ""))
+
+    def event_reasons(self, name: str) -> set[str]:
+        events = self.json(
+            "-n", POOL, "get", "events", "--field-selector", f"involvedObject.name={name}"
+        )
+        return {str(e.get("reason")) for e in (events or {}).get("items", [])}
+
+    def operator_images(self) -> set[str]:
+        pods = self.json(
+            "-n", "agentq-system", "get", "pods", "-l", "app.kubernetes.io/name=agentq-operator"
+        )
+        return {c["image"] for p in (pods or {}).get("items", []) for c in p["spec"]["containers"]}
+
+    def pool_pods(self) -> dict[str, str]:
+        pods = self.json("-n", POOL, "get", "pods")
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in (pods or {}).get("items", [])}
+
+    def submit(self, name: str, lease_seconds: int = 30) -> None:
         task = {
             "apiVersion": "agentq.dev/v1alpha1",
             "kind": "AgentTask",
@@ -83,7 +115,7 @@ class Kube:
             "spec": {
                 "requiredCapabilities": ["llm"],
                 "payload": {"prompt": f"{name} through the chart"},
-                "leaseDurationSeconds": 30,
+                "leaseDurationSeconds": lease_seconds,
             },
         }
         self("apply", "-f", "-", input=json.dumps(task))
@@ -97,6 +129,24 @@ class Kube:
         )
         out = self("get", kinds, "-A", "-l", "app.kubernetes.io/part-of=agentq", "-o", "name")
         return sorted(out.split())
+
+
+def second_build(platform: Platform, tmp_path: Path) -> str | None:
+    """The image again as another build (a label more: another image ID), imported into
+    the node's containerd as SECOND_IMAGE; None without the archive of ``make image``."""
+    archive = imagebuild.archive_path(imagebuild.DEFAULT_TAG)
+    if not archive.exists():
+        return None
+    second = tmp_path / "second-build.tar"
+    release.retag_image(archive, second, SECOND_IMAGE, labels={"dev.agentq.e2e.build": "second"})
+    with open(second, "rb") as stdin:
+        subprocess.run(
+            [*platform.ctr, "-n", "k8s.io", "images", "import", "--no-unpack", "-"],
+            stdin=stdin, capture_output=True, timeout=600, check=True,
+        )  # fmt: skip
+    say(f"second build {SECOND_IMAGE}: {release.image_digest(second)} "
+        f"(first {release.image_digest(archive)})")  # fmt: skip
+    return SECOND_IMAGE
 
 
 @pytest.fixture
@@ -127,7 +177,9 @@ def kube(platform: Platform, home: Path) -> Iterator[Kube]:
         k("delete", "namespace", POOL, "agentq-system", "--ignore-not-found", "--wait", check=False)
 
 
-def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> None:
+def test_helm_chart_on_real_pods(
+    platform: Platform, kube: Kube, home: Path, tmp_path: Path
+) -> None:
     global _started
     _started = time.monotonic()
     k = kube
@@ -141,9 +193,12 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
         f"agentPool.workers[0].name={WORKER}",
         "--set",
         "agentPool.workers[0].capabilities={llm}",
-        # --set would take the 1 for a number, which the values schema refuses.
+        "--set",
+        "agentPool.workers[0].maxInFlight=4",
+        # --set would take the number for a number, which the values schema refuses.
         "--set-json",
-        'agentPool.workerDefaults.args=["agent-sim","--behaviour","complete","--work-seconds","1"]',
+        'agentPool.workerDefaults.args=["agent-sim","--behaviour","complete",'
+        f'"--work-seconds","{WORK_SECONDS}"]',
     ]
 
     # install: the operator's two replicas and the pool's worker, Ready on the node.
@@ -181,11 +236,24 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
     )
     assert worker
     say(f"installed: 2 operator pods, leader {first_leader}; worker {WORKER} Ready")
-    k.submit("before-upgrade")
-    wait_for("the first task Succeeded", lambda: k.task_done("before-upgrade"), 120)
-    say("a task Succeeded through the chart's operator and agent pool")
 
-    # upgrade: a changed value rolls the operator; a task is done again after it.
+    # Tasks running (claimed, their Leases renewed by the sidecar) when the upgrade starts.
+    for name in ACROSS:
+        k.submit(name, lease_seconds=15)
+    wait_for(
+        f"{len(ACROSS)} tasks Running",
+        lambda: all(k.phase(name) == "Running" for name in ACROSS),
+        120,
+    )
+    agents_before = k.pool_pods()
+    say(f"{len(ACROSS)} tasks Running on {sorted(agents_before)}")
+
+    # upgrade: the operator to a second build (and a changed value); the agents keep
+    # their images, so only the operator rolls (docs/upgrading.md).
+    second = second_build(platform, tmp_path)
+    if second is None:
+        say("no image archive of make image: the upgrade keeps the image")
+    upgrade_started = time.monotonic()
     helm(
         home,
         "upgrade",
@@ -196,6 +264,11 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
         "--reuse-values",
         "--set",
         "operator.leaderElection.leaseSeconds=20",
+        *(_image_values(second) if second else []),
+        "--set",
+        f"agentPool.sidecar.image={platform.image}",
+        "--set",
+        f"agentPool.workerDefaults.image={platform.image}",
         "--wait",
         "--timeout",
         "5m",
@@ -203,6 +276,12 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
         timeout=400,
     )
     k("-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s")
+    new_image = second or platform.image
+    wait_for(
+        f"only {new_image} operator pods",
+        lambda: k.operator_images() == {new_image},
+        120,
+    )
     deployment = k.json("-n", "agentq-system", "get", "deploy", "agentq-operator")
     env = {
         e["name"]: e.get("value")
@@ -214,9 +293,29 @@ def test_helm_chart_on_real_pods(platform: Platform, kube: Kube, home: Path) -> 
         lambda: (leader := k.leader()) and leader != first_leader and leader,
         120,
     )
+    rolled = time.monotonic() - upgrade_started
+    phases = {name: k.phase(name) for name in ACROSS}
+    assert set(phases.values()) == {"Running"}, (
+        f"the tasks did not outlast the upgrade ({rolled:.0f}s): {phases}"
+    )
+    say(f"upgraded in {rolled:.0f}s to {new_image}, leader {new_leader}; tasks still Running")
     k.submit("after-upgrade")
-    wait_for("the second task Succeeded", lambda: k.task_done("after-upgrade"), 120)
-    say(f"upgraded: leaseSeconds 20 in force, leader {new_leader}; a task Succeeded")
+
+    # Every task that ran across the upgrade ends Succeeded on its first attempt: no
+    # claim reclaimed, in its status or in its events; the agents were not restarted.
+    for name in (*ACROSS, "after-upgrade"):
+        wait_for(f"{name} Succeeded", lambda name=name: k.task_done(name), 240)
+    reclaims = {}
+    for name in ACROSS:
+        status = k.json("-n", POOL, "get", "agenttask", name)["status"]
+        reasons = k.event_reasons(name)
+        reclaims[name] = status.get("reclaims", 0)
+        assert status.get("reclaims", 0) == 0, (name, status)
+        assert status.get("attempt") == 1, (name, status)
+        assert not reasons & RECLAIM_REASONS, (name, sorted(reasons))
+        assert "Succeeded" in reasons, (name, sorted(reasons))
+    assert k.pool_pods() == agents_before
+    say(f"upgraded with tasks running: all Succeeded, reclaims {reclaims}; a task after it too")
 
     # uninstall: nothing of agentq's left but the CRDs (kept), then those by hand.
     helm(

@@ -298,3 +298,15 @@ def test_agent_pool_workers_and_replicas(home: Path) -> None:
     assert _env(reviewer["initContainers"][0])["AGENTQ_MAX_IN_FLIGHT"] == "2"
     assert reviewer["containers"][0]["args"][0] == "agent-sim"
     assert reviewer["containers"][0]["image"] == "agentq:dev"
+
+    # The sidecar's image apart (an operator upgrade that leaves the agents running).
+    pinned = template(
+        home,
+        values={"agentPool.enabled": "true", "image.tag": "0.2.0",
+                "agentPool.sidecar.image": "agentq:0.1.0"},
+    )  # fmt: skip
+    pod = _find(pinned, "Deployment", "agent-example")["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["image"] == "agentq:0.1.0"
+    assert pod["containers"][0]["image"] == "agentq:0.2.0"
+    operator = _find(pinned, "Deployment", "agentq-operator")["spec"]["template"]["spec"]
+    assert operator["containers"][0]["image"] == "agentq:0.2.0"

@@ -27,7 +27,7 @@ PROJECTS = {
     "agentq-agent": ("sdk", "sdk/src"),
     "agentq-dev": ("tools", "tools/src"),
 }
-DEV_MODULES = {"controlplane", "demo", "simulation", "scripted_agent", "holder"}
+DEV_MODULES = {"controlplane", "demo", "simulation", "scripted_agent", "holder", "release"}
 SDK_MODULES = {"agent", "fencing"}
 
 
