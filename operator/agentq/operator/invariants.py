@@ -13,6 +13,12 @@ step: every change is applied and every timer due at the step's ``now`` has
 fired; what the step computed it computed at some time between ``now`` and
 ``later`` (the clock as the check runs), and either answer is right in between.
 
+Claims across namespaces (docs/tenancy.md) are judged the same way: a pending
+task's lane and member id (``queue_member``), a worker's claims by its
+namespace with claim ids, each core's load by the namespace of the worker
+that holds it, ``Cores.loaded``, and ``Store.xleases`` against the Lease
+records.
+
 Pure: no I/O; reads only.
 """
 
