@@ -11,6 +11,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.clock import micro_rfc3339
+from agentq.operator.port import KubeError
 from builders import queue, task
 from harness import NS, Harness, run
 
@@ -212,3 +213,70 @@ async def test_an_operator_confined_to_some_namespaces_says_namespace_not_watche
     queued = next(c for c in st["conditions"] if c["type"] == "Queued")
     assert (queued["status"], queued["reason"]) == ("False", "NamespaceNotWatched")
     assert st["phase"] == "Pending"
+
+
+@run
+async def test_a_new_leader_rebuilds_foreign_claims_from_the_records() -> None:
+    h = Harness()
+    await fleet(h, slots=2)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_B, "b1")
+    await h.settle()
+    core = h.controller.cores.of(NS)
+    held = core.holds()
+    assert held == {"team-a~a1": "w1", "team-b~b1": "w1"}
+    # Leadership lost and taken again: every index and core rebuilt from the records
+    # (the invariants check each step), the foreign claims loaded where their worker is.
+    h.controller.set_leading(False)
+    h.controller.set_leading(True)
+    await h.settle()
+    assert h.controller.cores.of(NS).holds() == held
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS, (TEAM_B, "b1"): NS}
+    # The holder finishes one: released from the pool's core, its cost served.
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert h.controller.cores.of(NS).holds() == {"team-b~b1": "w1"}
+    assert h.controller.cores.of(NS).worker_state("w1").served_cost == 1
+    assert (TEAM_A, "a1") not in h.controller.cores.loaded
+
+
+@run
+async def test_a_worker_that_leaves_hands_back_its_foreign_claims() -> None:
+    h = Harness()
+    await fleet(h, slots=2)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS}
+    h.kube.remove("agentworkers", NS, "w1")  # its claims decided again, from the pool's core
+    await h.settle()
+    assert h.controller.cores.loaded == {}
+    assert status(h, TEAM_A, "a1")["phase"] in ("Assigned", "Running")  # its Lease decides
+
+
+@run
+async def test_a_foreign_grant_of_unknown_outcome_holds_its_slot_in_the_pools_core() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    # The grant's status write lands, but its answer is lost (a timeout).
+    tasks = lambda args: args[0] == "agenttasks"  # noqa: E731
+    h.kube.inject("patch_status", KubeError("timed out"), applied=True, when=tasks)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st["workerNamespace"]) == ("Assigned", NS)
+    # The newer view of the task said it landed: loaded in the pool's core, its Lease made.
+    assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1"}
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS}
+    assert xlease(h, TEAM_A, "a1") is not None
+    # A grant lost before it landed gives the slot back (the pool's core, not the team's).
+    submit(h, TEAM_B, "b1")
+    h.kube.inject("patch_status", KubeError("timed out"), when=tasks)
+    h.kube.edit("agentworkers", NS, "w1", lambda b: b["spec"].__setitem__("maxInFlight", 2))
+    await h.settle()
+    await h.advance(31)  # the doubt's end: the slot back, granted again
+    assert h.controller.stats.unknown == 2
+    assert status(h, TEAM_B, "b1")["phase"] == "Assigned"
+    assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1", "team-b~b1": "w1"}
