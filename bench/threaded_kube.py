@@ -123,6 +123,16 @@ class ThreadedKube:
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._call(self.leases.read_namespaced_lease, name, namespace)
 
+    async def get_task(self, namespace: str, name: str) -> Reply:
+        return await self._call(
+            self.custom.get_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "agenttasks",
+            name,
+        )
+
     async def list_leases(self, namespace: str, label_selector: str) -> Reply:
         return await self._call(
             self.leases.list_namespaced_lease, namespace, label_selector=label_selector

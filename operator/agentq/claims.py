@@ -822,7 +822,9 @@ def worker_status(
         "inFlightCost": _finite(in_flight_cost),
         "servedCost": _finite(served_cost),
         "deficit": _finite(deficit),
-        "assignedTasks": sorted(tasks)[:100],
+        # A task of another namespace as <namespace>/<task> (the core knows it by its
+        # claim id, <namespace>~<task>).
+        "assignedTasks": sorted(map(protocol.assigned_name, tasks))[:100],
         "conditions": [
             *(c.to_dict() for c in worker.status.conditions or [] if c.type != "Ready"),
             {

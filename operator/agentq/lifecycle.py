@@ -171,8 +171,11 @@ def grant(
     token: int,
     now: datetime.datetime,
     epoch: int | None = None,
+    worker_namespace: str | None = None,
 ) -> Transition:
     """Assign the task to ``worker`` with ``token``, which must exceed every earlier one.
+    ``worker_namespace``: the worker's namespace when it is not the task's (a claim across
+    namespaces, docs/tenancy.md); None clears the field.
     ``epoch``: the granting leader's (its election Lease's leaseTransitions), which the
     admission policy compares with the Lease's (None: no leader election; the field is
     cleared)."""
@@ -184,6 +187,7 @@ def grant(
         patch={
             "phase": TaskPhase.ASSIGNED.value,
             "worker": worker,
+            "workerNamespace": worker_namespace,
             "attempt": attempt,
             "reclaims": status.reclaims or 0,
             "fencingToken": token,
@@ -282,6 +286,7 @@ def fail_attempt(
     common: dict[str, Any] = {
         "reclaims": reclaims,
         "worker": None,
+        "workerNamespace": None,
         "history": history,
         "lastTransitionTime": stamp,
         "graceUntil": None,
@@ -412,6 +417,7 @@ def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) ->
         patch={
             "phase": TaskPhase.PENDING.value,
             "worker": None,
+            "workerNamespace": None,
             "reclaims": 0,
             "notBefore": None,
             "graceUntil": None,
@@ -492,6 +498,7 @@ def unprocessable(
         patch={
             "phase": TaskPhase.FAILED.value,
             "worker": None,
+            "workerNamespace": None,
             "error": _error(reason, message, False),
             "finishedAt": stamp,
             "lastTransitionTime": stamp,
@@ -537,6 +544,7 @@ def cancel(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> 
     patch: dict[str, Any] = {
         "phase": TaskPhase.CANCELLED.value,
         "worker": None,
+        "workerNamespace": None,
         "error": _error(protocol.REVOKE_CANCELLED, message, False),
         "finishedAt": stamp,
         "notBefore": None,
@@ -561,6 +569,7 @@ def deadline_exceeded(
     patch: dict[str, Any] = {
         "phase": TaskPhase.FAILED.value,
         "worker": None,
+        "workerNamespace": None,
         "error": _error(protocol.REVOKE_DEADLINE, message, False),
         "finishedAt": stamp,
         "notBefore": None,

@@ -293,6 +293,11 @@ QueueName = Annotated[
     str, StringConstraints(min_length=1, max_length=MAX_NAME_LENGTH, pattern=QUEUE_NAME_PATTERN)
 ]
 NameSet = Annotated[frozenset[ObjectName], PlainSerializer(sorted, return_type=list[str])]
+# A worker's assignedTasks: a task of its namespace by name, another's as <namespace>/<task>.
+TaskRefSet = Annotated[
+    frozenset[Annotated[str, StringConstraints(max_length=2 * MAX_NAME_LENGTH + 1)]],
+    PlainSerializer(sorted, return_type=list[str]),
+]
 # An AgentBudget's name as a task's spec.budgets names it (as an AgentQueue's).
 BudgetName = QueueName
 
@@ -411,7 +416,7 @@ class AgentWorkerStatus(_StatusModel):
     in_flight_cost: float | None = Field(default=None, ge=0)
     served_cost: float | None = Field(default=None, ge=0)
     deficit: float | None = None
-    assigned_tasks: NameSet | None = Field(default=None, max_length=1000)
+    assigned_tasks: TaskRefSet | None = Field(default=None, max_length=1000)
     conditions: Conditions | None = None
     observed_generation: int | None = Field(default=None, ge=0)
 
@@ -572,6 +577,11 @@ class AgentTaskStatus(_StatusModel):
     # The CRD defaults it: a new task reads as Pending before the operator writes anything.
     phase: TaskPhase | None = TaskPhase.PENDING
     worker: ObjectName | None = None
+    # The current claim's worker's namespace, when it is not the task's (docs/tenancy.md).
+    worker_namespace: (
+        Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=CAPABILITY_PATTERN)]
+        | None
+    ) = None
     attempt: int | None = Field(default=None, ge=0)
     reclaims: int | None = Field(default=None, ge=0)
     fencing_token: int | None = Field(default=None, ge=0, le=MAX_TOKEN)

@@ -315,3 +315,22 @@ def check_progress(progress: str) -> str:
     if len(progress.encode()) > MAX_PROGRESS_BYTES:
         raise ProtocolError(f"progress marker over {MAX_PROGRESS_BYTES} bytes")
     return progress
+
+
+def claim_id(namespace: str, task: str, worker_namespace: str) -> str:
+    """How a worker of ``worker_namespace`` knows task ``task`` of ``namespace``: its name
+    when the task is of the worker's own namespace, else ``<namespace>~<task>``."""
+    return task if namespace == worker_namespace else cross_claim_id(namespace, task)
+
+
+def claim_task(worker_namespace: str, claim: str) -> tuple[str, str]:
+    """``(task namespace, task)`` of a claim id a worker of ``worker_namespace`` holds."""
+    split = split_claim_id(claim)
+    return split if split is not None else (worker_namespace, claim)
+
+
+def assigned_name(claim: str) -> str:
+    """A claim id as ``AgentWorker.status.assignedTasks`` lists it: a task of the worker's
+    own namespace by its name, another's as ``<namespace>/<task>``."""
+    split = split_claim_id(claim)
+    return claim if split is None else f"{split[0]}/{split[1]}"

@@ -471,10 +471,18 @@ class LeaseView:
     # Why the operator revoked this claim (agentq.dev/revoked): Cancelled or
     # DeadlineExceeded; any other text is taken as Cancelled. None: not revoked.
     revoked: str | None = None
+    # A claim of another namespace's task (``agentq-xtask-<namespace>.<task>``): that
+    # namespace, from the name. None: the task is of the Lease's own namespace.
+    task_namespace: str | None = None
 
     @property
     def key(self) -> Key:
         return (self.namespace, self.name)
+
+    @property
+    def task(self) -> Key:
+        """The task a claim Lease is of (its subject, in its task namespace)."""
+        return (self.task_namespace or self.namespace, self.subject)
 
     @property
     def fingerprint(self) -> tuple[object, ...]:
@@ -501,9 +509,14 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
     # sidecar) chose and nobody can change: the agentq.dev/task and agentq.dev/worker
     # labels are for selectors, and anyone with Lease rights can point them elsewhere.
     worker = kind == protocol.LEASE_KIND_WORKER
-    subject = name.removeprefix(
-        protocol.WORKER_LEASE_PREFIX if worker else protocol.TASK_LEASE_PREFIX
-    )
+    task_namespace = None
+    if not worker and name.startswith(protocol.XTASK_LEASE_PREFIX):
+        split = protocol.split_cross_task(name[len(protocol.XTASK_LEASE_PREFIX) :])
+        task_namespace, subject = split if split is not None else (None, name)
+    else:
+        subject = name.removeprefix(
+            protocol.WORKER_LEASE_PREFIX if worker else protocol.TASK_LEASE_PREFIX
+        )
     return LeaseView(
         namespace=str(meta.get("namespace") or ""),
         name=name,
@@ -522,6 +535,7 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         report=annotations.get(protocol.ANNOTATION_REPORT),
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
         revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
+        task_namespace=task_namespace,
     )
 
 

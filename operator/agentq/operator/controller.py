@@ -35,9 +35,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from agentq import protocol
 from agentq.clock import Clock, parse_time
 from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import invariants, metrics
+from agentq.operator.claim_api import ClaimRef
 from agentq.operator.config import OperatorConfig
 from agentq.operator.events import EventSink
 from agentq.operator.health import AlwaysHealthy, WatchHealth
@@ -406,6 +408,44 @@ class Controller:
                 if due is None or due > self.clock.monotonic():
                     return
         raise AssertionError(f"the controller did not settle: dirty={self.agenda.dirty}")
+
+    # == the claim API's lookup (any replica: its watches fill the store) ================
+
+    def claim_ref(self, lease_namespace: str, lease_name: str) -> ClaimRef | None:
+        """The current claim across namespaces whose Lease is ``lease_namespace``/
+        ``lease_name``, as the store shows it: an ``agentq-xtask-`` Lease, its task's
+        status naming that worker in that namespace with that Lease, and the Lease's
+        holder, worker label, token and task UID the claim's (docs/tenancy.md). None:
+        no such claim (or not seen yet: the sidecar asks again)."""
+        if not lease_name.startswith(protocol.XTASK_LEASE_PREFIX):
+            return None
+        lease = self.store.leases.get((lease_namespace, lease_name))
+        if lease is None or lease.view.kind != protocol.LEASE_KIND_TASK:
+            return None
+        view = lease.view
+        task = self.store.task(view.task)
+        if task is None or not task.active or view.task_namespace is None:
+            return None
+        status = task.status
+        worker = status.worker
+        if (
+            worker is None
+            or status.worker_namespace != lease_namespace
+            or status.lease_name != lease_name
+            or status.fencing_token is None
+            or view.token != status.fencing_token
+            or view.holder != worker
+            or view.worker_label != protocol.label_value(worker)
+            or (view.task_uid is not None and view.task_uid != task.uid)
+        ):
+            return None
+        return ClaimRef(
+            task_namespace=task.namespace,
+            task_name=task.name,
+            task_uid=task.uid,
+            worker=worker,
+            token=status.fencing_token,
+        )
 
     # -- for tests and the benchmark ----------------------------------------------------
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from agentq import protocol
 from agentq.claims import Readiness
 from agentq.models import MIN_WEIGHT, TaskPhase
 from agentq.operator.records import TaskRecord, WorkerRecord
@@ -31,7 +32,7 @@ from agentq.operator.tenants import QueueLevel
 from agentq.scheduler import Assignment, Scheduler, WorkerSpec
 from agentq.views import Key, WorkerView
 
-__all__ = ["Cores", "core_spec", "wanted_holder"]
+__all__ = ["Cores", "core_spec", "holder_namespace", "wanted_holder"]
 
 
 def wanted_holder(record: TaskRecord) -> str | None:
@@ -42,6 +43,15 @@ def wanted_holder(record: TaskRecord) -> str | None:
     if view.active:
         return view.status.worker
     return record.doubt[0] if record.doubt is not None else None
+
+
+def holder_namespace(record: TaskRecord) -> str:
+    """The namespace of the worker ``wanted_holder`` names (whose core loads the task):
+    the task's own, or -- a claim across namespaces -- its worker's."""
+    view = record.view
+    if record.granting is not None or (not view.active and record.doubt is not None):
+        return record.claim_ns or view.namespace
+    return view.status.worker_namespace or view.namespace
 
 
 def core_spec(worker: WorkerView, readiness: tuple[Readiness, str] | None) -> WorkerSpec | None:
@@ -67,8 +77,13 @@ class Cores:
 
     def __init__(self, store: Store, claims: Mapping[Key, set[str]]) -> None:
         self.store = store
-        self.claims = claims  # worker -> the tasks its status-held claims (indexes.claims)
+        # worker -> the claim ids of the tasks its status holds (indexes.claims)
+        self.claims = claims
         self.by_namespace: dict[str, Scheduler] = {}
+        # A task loaded in the core of another namespace than its own (a claim across
+        # namespaces): that namespace, so its release finds the core whatever its status
+        # says by then. Tasks of the worker's own namespace are not in it.
+        self.loaded: dict[Key, str] = {}
         self.queues = QueueLevel()
 
     def get(self, namespace: str) -> Scheduler | None:
@@ -86,15 +101,22 @@ class Cores:
 
     def clear(self) -> None:
         self.by_namespace.clear()
+        self.loaded.clear()
         self.queues.clear()
 
-    def upsert_worker(self, key: Key, record: WorkerRecord | None) -> list[str]:
+    def upsert_worker(self, key: Key, record: WorkerRecord | None) -> list[Key]:
         """Make the core agree with the worker's record (None: deleted); returns the
         tasks it held if it left the core (to be decided again)."""
         core = self.of(key[0])
         spec = None if record is None else core_spec(record.view, record.readiness)
         if spec is None:
-            return core.remove_worker(key[1]) if core.has_worker(key[1]) else []
+            if not core.has_worker(key[1]):
+                return []
+            released = [protocol.claim_task(key[0], c) for c in core.remove_worker(key[1])]
+            for task in released:
+                if task[0] != key[0]:
+                    self.loaded.pop(task, None)
+            return released
         assert record is not None
         joined = not core.has_worker(key[1])
         core.upsert_worker(spec)
@@ -103,32 +125,47 @@ class Cores:
             if served is not None and math.isfinite(served) and served >= 0:
                 core.carry_over_served(key[1], served)
             # Claims the worker already holds (read back from the task statuses).
-            for name in sorted(self.claims.get(key, ())):
-                task = self.store.tasks.get((key[0], name))
-                if task is not None:
-                    self.sync_load((key[0], name), task)
+            for claim in sorted(self.claims.get(key, ())):
+                task_key = protocol.claim_task(key[0], claim)
+                held = self.store.tasks.get(task_key)
+                if held is not None:
+                    self.sync_load(task_key, held)
         return []
 
     def sync_load(
         self, key: Key, record: TaskRecord | None, *, succeeded: bool = False
-    ) -> tuple[str | None, str | None]:
+    ) -> tuple[Key | None, Key | None]:
         """Make the core's hold of ``key`` what its record says; returns (the worker it
         left, the worker it joined) when it moved. ``succeeded``: the task left the store
         because it succeeded (its cost counts as served)."""
-        core = self.of(key[0])
-        holder = core.holder(key[1])
+        was = self.loaded.get(key, key[0]) if self.loaded else key[0]
+        where = key[0] if record is None else holder_namespace(record)
+        core = self.of(was)
+        claim = key[1] if was == key[0] else protocol.cross_claim_id(*key)
+        holder = core.holder(claim)
         wanted = wanted_holder(record) if record is not None else None
-        if wanted is not None and not core.has_worker(wanted):
+        target = core if where == was else self.of(where)
+        if wanted is not None and not target.has_worker(wanted):
             wanted = None  # not in the core (deleted, or its spec is unreadable)
-        if holder == wanted:
+        if holder == wanted and where == was:
             return None, None
         if holder is not None:
             done = succeeded or (record is not None and record.view.phase is TaskPhase.SUCCEEDED)
-            core.release(key[1], completed=done)
+            core.release(claim, completed=done)
+        if was != key[0]:
+            del self.loaded[key]
         if wanted is not None:
             assert record is not None
-            core.restore(Assignment(task=key[1], worker=wanted, cost=record.view.spec.cost))
-        return holder, wanted
+            if where != key[0]:
+                self.loaded[key] = where
+                claim = protocol.cross_claim_id(*key)
+            else:
+                claim = key[1]
+            target.restore(Assignment(task=claim, worker=wanted, cost=record.view.spec.cost))
+        return (
+            None if holder is None else (was, holder),
+            None if wanted is None else (where, wanted),
+        )
 
     def rebuild(self) -> None:
         """Cores afresh from the store: every worker, with the claims it holds."""

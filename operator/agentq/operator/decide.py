@@ -101,7 +101,9 @@ class Decider:
             verdict = self.indexes.verdict(key)
             pending = claims.decide_pending(
                 task,
-                self.indexes.missing(task.namespace, task.spec.required_capabilities)
+                self.indexes.missing(
+                    self.indexes.lane_namespace(key), task.spec.required_capabilities
+                )
                 if task.problem is None and verdict is None
                 else None,
                 wall=self.clock.now(),

@@ -205,7 +205,8 @@ class Dispatcher:
             if best is None:
                 return _NONE
             name, required = best[0][2], best[1]
-            key = (namespace, name)
+            # ``name`` is the claim id: a task of another namespace is <namespace>~<task>.
+            key = protocol.claim_task(namespace, name)
             record = self.store.tasks.get(key)
             if record is not None and record.busy:
                 # A write about it is in flight (its Unschedulable condition cleared,
@@ -248,11 +249,25 @@ class Dispatcher:
             assert token is not None  # ready() said so, and nothing ran in between
             queue.pop(lane, required)
             charge = None if leaf is None else self.cores.queues.charge(leaf, task.spec.cost)
-            ticket = self.store.start_write(record, granting=planned[0].worker)
+            foreign = key[0] != namespace  # a claim across namespaces (docs/tenancy.md)
+            ticket = self.store.start_write(
+                record, granting=planned[0].worker, namespace=namespace if foreign else None
+            )
+            if foreign:
+                self.cores.loaded[key] = namespace  # the core that holds it now
             self.publisher.mark((namespace, planned[0].worker))
             # The epoch the decision was made under, not the one of its sending.
             grant = self.gate.spawn(
-                self._grant(scheduler, task, planned[0], token, ticket, self.epoch(), charge)
+                self._grant(
+                    scheduler,
+                    task,
+                    planned[0],
+                    token,
+                    ticket,
+                    self.epoch(),
+                    charge,
+                    namespace if foreign else None,
+                )
             )
             # Counted until done, even if cancelled before it ran (leadership lost).
             self.grants.add(grant)
@@ -285,7 +300,9 @@ class Dispatcher:
         ticket: int,
         epoch: int | None,
         charge: Charge | None = None,
+        worker_namespace: str | None = None,
     ) -> None:
+        """``worker_namespace``: the worker's, when it is not the task's."""
         key = task.key
         committer = self.committer
         committed = False
@@ -294,10 +311,15 @@ class Dispatcher:
             transition = lifecycle.grant(
                 task.status,
                 worker=assignment.worker,
-                lease_name=protocol.task_lease_name(task.name),
+                lease_name=(
+                    protocol.task_lease_name(task.name)
+                    if worker_namespace is None
+                    else protocol.cross_task_lease_name(task.namespace, task.name)
+                ),
                 token=token,
                 now=self.clock.now(),
                 epoch=epoch,
+                worker_namespace=worker_namespace,
             )
             reply = await committer.write_status(task, transition.patch)
             if reply.status is Status.INVALID:

@@ -318,6 +318,13 @@ class FakeKube:
 
         return await self._run("get_lease", (namespace, name), do)
 
+    async def get_task(self, namespace: str, name: str) -> Reply:
+        def do() -> Reply:
+            found = self.get("agenttasks", namespace, name)
+            return Reply(Status.OK, found) if found else Reply(Status.GONE, None, "not found")
+
+        return await self._run("get_task", (namespace, name), do)
+
     async def list_leases(self, namespace: str, label_selector: str) -> Reply:
         def do() -> Reply:
             items = [

@@ -55,6 +55,7 @@ class Follower:
         tokens: TokenAllocator,
         cleanup: Cleanup,
         delete_lease: Callable[[Key, LeaseView], None],
+        check_orphan: Callable[[Key, LeaseView], None] = lambda key, lease: None,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -68,6 +69,9 @@ class Follower:
         self.cleanup = cleanup
         # A claim Lease left over by a finished task (no record kept): deleted.
         self.delete_lease = delete_lease
+        # A claim Lease in another namespace whose task the store does not hold after a
+        # rebuild: its task read once (gone, or another object: the Lease deleted).
+        self.check_orphan = check_orphan
 
     def apply(self) -> None:
         """Make the indexes, cores and readiness agree with every record that changed."""
@@ -102,11 +106,17 @@ class Follower:
 
     def _finished(self, finished: list[tuple[Key, TaskView | None]]) -> None:
         """Finished tasks seen (None: gone, or not finished): to the cleanup, and their
-        tokens to the allocator's floor."""
+        tokens to the allocator's floor. A task gone whose claim Lease is in another
+        namespace: that Lease deleted (no owner reference there to do it)."""
+        xleases = self.store.xleases
         for key, view in finished:
             self.cleanup.saw(key, view)
             if view is not None:
                 self.tokens.observe(view.status.fencing_token)
+            elif xleases and key in xleases and key not in self.store.tasks:
+                lease = self.store.leases.get(xleases[key])
+                if lease is not None:
+                    self.delete_lease(key, lease.view)
 
     def _apply_task(self, key: Key, view_changed: bool, finished: TaskView | None) -> None:
         """``finished``: the task's last view if it finished and left the store."""
@@ -115,7 +125,7 @@ class Follower:
         succeeded = finished is not None and finished.phase is TaskPhase.SUCCEEDED
         for worker in self.cores.sync_load(key, record, succeeded=succeeded):
             if worker is not None:
-                self.publisher.mark((key[0], worker))
+                self.publisher.mark(worker)
         if record is None:
             self.agenda.dirty.discard(key)
             return
@@ -127,7 +137,7 @@ class Follower:
         record = self.store.workers.get(key)
         self.agenda.dirty.update(self.indexes.sync_worker(key, record))
         if record is None:
-            self.agenda.dirty.update((key[0], task) for task in self.cores.upsert_worker(key, None))
+            self.agenda.dirty.update(self.cores.upsert_worker(key, None))
             self.publisher.forget(key)
             return
         self.readiness.evaluate(key)
@@ -136,14 +146,20 @@ class Follower:
     def _apply_lease(self, old: LeaseView | None, new: LeaseView | None) -> None:
         lease = new or old
         assert lease is not None
-        subject = (lease.namespace, lease.subject)
         if lease.kind == protocol.LEASE_KIND_WORKER:
-            self.readiness.evaluate(subject)  # and looked at again when it would go stale
+            # (and looked at again when it would go stale)
+            self.readiness.evaluate((lease.namespace, lease.subject))
             return
+        subject = lease.task
         task = self.store.task(subject)
         if task is None:
-            if new is not None and self.cleanup.holds(subject, new.task_uid):
-                self.delete_lease(subject, new)  # the Lease of a finished task
+            if new is not None and (
+                self.cleanup.holds(subject, new.task_uid)
+                or (new.task_namespace is not None and self.store.task_tombstones.holds(subject))
+            ):
+                # The Lease of a finished task; or a claim across namespaces whose task
+                # went (no owner reference: nobody else deletes it).
+                self.delete_lease(subject, new)
             return
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
@@ -192,3 +208,9 @@ class Follower:
             self.readiness.evaluate(key)  # with its staleness timer
             self.publisher.mark(key, urgent=urgent)
         self.agenda.dirty.update(self.store.tasks)
+        for task_key, lease_key in list(self.store.xleases.items()):
+            lease = self.store.leases.get(lease_key)
+            if task_key not in self.store.tasks and lease is not None and not lease.deleting:
+                # Never judged from the store alone: the Lease watch may run ahead of the
+                # task watch. One read of the task says.
+                self.check_orphan(task_key, lease.view)

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentq import claims
+from agentq import claims, protocol
 from agentq.clock import Clock
 from agentq.models import TaskPhase
 from agentq.operator.queue import PendingQueue
@@ -43,10 +43,12 @@ from agentq.views import Key, TaskView
 __all__ = [
     "Indexes",
     "backoff_end",
+    "claim_holder",
     "claim_worker",
     "deadline_end",
     "grantable_from",
     "phase_name",
+    "queue_member",
     "verdict_of",
 ]
 
@@ -60,12 +62,36 @@ def claim_worker(view: TaskView) -> str | None:
     return view.status.worker if view.active else None
 
 
+def claim_holder(view: TaskView) -> Key | None:
+    """The worker (its namespace, its name) a task's status says holds it, if any."""
+    worker = claim_worker(view)
+    if worker is None:
+        return None
+    return (view.status.worker_namespace or view.namespace, worker)
+
+
+def queue_member(view: TaskView, topo: Topology) -> Key:
+    """Where an admitted pending task waits in the pending queue: (its lane's namespace,
+    its claim id there). The lane's namespace is its workers' -- its queue's
+    ``workerNamespace`` -- and a task of another namespace is ``<namespace>~<task>``
+    in it (``protocol.claim_id``); a task of the workers' own namespace is as ever."""
+    namespace = view.namespace
+    if view.spec.queue is not None:
+        spec = topo.specs.get(view.spec.queue)
+        if spec is not None and spec.worker_namespace and spec.worker_namespace != namespace:
+            return (
+                spec.worker_namespace,
+                protocol.cross_claim_id(namespace, view.name),
+            )
+    return view.key
+
+
 def verdict_of(view: TaskView, topo: Topology, store: Store) -> Verdict | None:
     """The verdict on a pending task's spec.queue (None: none named, or admitted)."""
     queue = view.spec.queue
     if queue is None:
         return None
-    return judge(view.namespace, queue, topo, store.namespace_labels(view.namespace))
+    return judge(view.namespace, queue, topo, store.namespace_labels(view.namespace), store.watched)
 
 
 def backoff_end(record: TaskRecord, *, now: float, wall: datetime) -> float | None:
@@ -140,10 +166,11 @@ class _Entry:
     """What one task contributes to the indexes."""
 
     phase: str
-    claim: str | None  # the worker it counts on in ``claims``
+    claim: Key | None  # the worker (namespace, name) it counts on in ``claims``
     queue: frozenset[str] | None  # the capability set it is a member of
     queue_claim: str | None = None  # the AgentQueue it counts on in ``queue_claims``
     queue_pending: str | None = None  # the AgentQueue it counts on in ``queue_pending``
+    member: Key | None = None  # its key in ``queue`` (``queue_member``), if a member
 
 
 class Indexes:
@@ -160,7 +187,9 @@ class Indexes:
         self.queue_claims: Counter[str] = Counter()  # AgentQueue -> its claims
         # AgentQueue -> the pending tasks naming it, whatever their verdict (its status)
         self.queue_pending: Counter[str] = Counter()
-        self.claims: dict[Key, set[str]] = {}  # worker -> the tasks it holds (from status)
+        # worker -> the claim ids of the tasks it holds (from status): a task of the
+        # worker's namespace by name, another's as <namespace>~<task>
+        self.claims: dict[Key, set[str]] = {}
         self.phases: Counter[str] = Counter()
         self.offered: dict[str, dict[Key, frozenset[str]]] = {}  # ns -> worker -> capabilities
         self.uncovered: dict[tuple[str, frozenset[str]], str | None] = {}
@@ -185,10 +214,11 @@ class Indexes:
                     self.naming.discard(key)
             new = _Entry(
                 phase_name(view),
-                claim_worker(view),
+                claim_holder(view),
                 view.spec.required_capabilities if member else None,
                 view.spec.queue if view.active else None,
                 view.spec.queue if view.pending else None,
+                queue_member(view, self.topology) if member else None,
             )
             self._entries[key] = new
             if not view.active:
@@ -220,13 +250,17 @@ class Indexes:
         now_worker = new.claim if new is not None else None
         if was != now_worker:
             if was is not None:
-                held = self.claims.get((key[0], was))
+                held = self.claims.get(was)
                 if held is not None:
-                    held.discard(key[1])
+                    held.discard(protocol.claim_id(key[0], key[1], was[0]))
                     if not held:
-                        del self.claims[(key[0], was)]
+                        del self.claims[was]
             if now_worker is not None:
-                self.claims.setdefault((key[0], now_worker), set()).add(key[1])
+                claim = protocol.claim_id(key[0], key[1], now_worker[0])
+                self.claims.setdefault(now_worker, set()).add(claim)
+        place = new.member if new is not None else None
+        if old is not None and old.member is not None and old.member != place:
+            self.queue.remove(old.member)  # (its lane moved: its queue's workerNamespace)
         if new is None or new.queue is None:
             self.queue.remove(key)
             if record is not None:
@@ -240,8 +274,9 @@ class Indexes:
             record.pending_since = now
         start = grantable_from(record, now=now, wall=self.clock.now())
         ready = start is not None and start <= now
+        assert place is not None
         self.queue.add(
-            key,
+            place,
             new.queue,
             record.view.created,
             ready=ready,
@@ -307,10 +342,15 @@ class Indexes:
             return []
         self.uncovered[(namespace, required)] = missing
         return [
-            (namespace, name)
+            protocol.claim_task(namespace, name)
             for lane in self.queue.lanes_of(namespace)
             for name in self.queue.members(lane, required)
         ]
+
+    def lane_namespace(self, key: Key) -> str:
+        """The namespace of the workers a pending task waits for (its lane's)."""
+        entry = self._entries.get(key)
+        return entry.member[0] if entry is not None and entry.member is not None else key[0]
 
     def missing(self, namespace: str, required: frozenset[str]) -> str | None:
         """What no worker of ``namespace`` offers of ``required`` (None: all offered)."""

@@ -13,6 +13,12 @@ step: every change is applied and every timer due at the step's ``now`` has
 fired; what the step computed it computed at some time between ``now`` and
 ``later`` (the clock as the check runs), and either answer is right in between.
 
+Claims across namespaces (docs/tenancy.md) are judged the same way: a pending
+task's lane and member id (``queue_member``), a worker's claims by its
+namespace with claim ids, each core's load by the namespace of the worker
+that holds it, ``Cores.loaded``, and ``Store.xleases`` against the Lease
+records.
+
 Pure: no I/O; reads only.
 """
 
@@ -23,14 +29,15 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
-from agentq import claims
+from agentq import claims, protocol
 from agentq.claims import Readiness
-from agentq.operator.cores import Cores, core_spec, wanted_holder
+from agentq.operator.cores import Cores, core_spec, holder_namespace, wanted_holder
 from agentq.operator.indexes import (
     Indexes,
-    claim_worker,
+    claim_holder,
     grantable_from,
     phase_name,
+    queue_member,
     verdict_of,
 )
 from agentq.operator.readiness import DIAGNOSE_SECONDS
@@ -78,6 +85,7 @@ def check(
         out.append(Violation("changes", first, f"{len(keys)} change(s) not applied"))
     out += _queue(store, indexes, agenda, now, later, wall)
     out += _task_indexes(store, indexes)
+    out += _xleases(store)
     out += _coverage(store, indexes)
     out += _cores(store, cores)
     out += _queue_level(indexes, cores)
@@ -110,7 +118,8 @@ def _queue(
         if held.pop(key, None) != verdict:
             out.append(Violation("tenancy", _name(key), f"its verdict should be {verdict}"))
         member = member and verdict is None
-        shown = live.pop(key, None)
+        place = queue_member(view, topo) if member else key
+        shown = live.pop(place, None)
         if not member:
             if shown is not None:
                 out.append(Violation("queue", _name(key), f"queued but {view.phase}"))
@@ -122,7 +131,7 @@ def _queue(
             continue
         if shown[0] != required:
             out.append(Violation("queue", _name(key), f"queued under {sorted(shown[0])}"))
-        if shown[2] != (key[0], view.spec.queue or ""):
+        if shown[2] != (place[0], view.spec.queue or ""):
             out.append(Violation("queue", _name(key), f"in the lane {shown[2]}"))
         if shown[1] and (start is None or start > later):
             out.append(Violation("queue", _name(key), "queued though it may not be granted"))
@@ -163,9 +172,10 @@ def _task_indexes(store: Store, indexes: Indexes) -> list[Violation]:
     claims_of: dict[Key, set[str]] = {}
     for key, record in store.tasks.items():
         phases[phase_name(record.view)] += 1
-        worker = claim_worker(record.view)
-        if worker is not None:
-            claims_of.setdefault((key[0], worker), set()).add(key[1])
+        holder = claim_holder(record.view)
+        if holder is not None:
+            claim = protocol.claim_id(key[0], key[1], holder[0])
+            claims_of.setdefault(holder, set()).add(claim)
     live_phases = +indexes.phases  # without zero counts
     if live_phases != phases:
         out.append(Violation("phases", "-", f"counts {dict(live_phases)}, tasks {dict(phases)}"))
@@ -206,9 +216,31 @@ def _coverage(store: Store, indexes: Indexes) -> list[Violation]:
     return out
 
 
+def _xleases(store: Store) -> list[Violation]:
+    """The index of claim Leases in other namespaces is the Lease records'."""
+    want = {
+        lease.view.task: key
+        for key, lease in store.leases.items()
+        if lease.view.task_namespace is not None and lease.view.kind == protocol.LEASE_KIND_TASK
+    }
+    if want != store.xleases:
+        return [Violation("leases", "-", f"xleases {store.xleases}, the Leases say {want}")]
+    return []
+
+
 def _cores(store: Store, cores: Cores) -> list[Violation]:
     out: list[Violation] = []
     namespaces = {key[0] for key in store.workers} | set(cores.by_namespace)
+    # Each core's tasks: a task of its namespace by name, another's by its claim id.
+    loads: dict[str, dict[str, TaskRecord]] = {}
+    for (ns, name), record in store.tasks.items():
+        where = holder_namespace(record)
+        claim = name if where == ns else protocol.cross_claim_id(ns, name)
+        loads.setdefault(where, {})[claim] = record
+    for key, where in cores.loaded.items():
+        core = cores.get(where)
+        if where == key[0] or core is None or core.holder(protocol.cross_claim_id(*key)) is None:
+            out.append(Violation("cores", _name(key), f"remembered loaded in {where}, is not"))
     for namespace in namespaces:
         core = cores.get(namespace)
         if core is None:
@@ -231,9 +263,7 @@ def _cores(store: Store, cores: Cores) -> list[Violation]:
                     Violation("cores", f"{namespace}/{name}", "its spec in the core differs")
                 )
         holds = core.holds()
-        for (ns, name), record in store.tasks.items():
-            if ns != namespace:
-                continue
+        for name, record in loads.get(namespace, {}).items():
             want = wanted_holder(record)
             if want is not None and not core.has_worker(want):
                 want = None

@@ -88,6 +88,26 @@ class ClaimLeases:
             log.error("deleting Lease %s/%s refused: %s", *lease.key, reply.message)
             self.retries.later(key, REFUSED_SECONDS)
 
+    async def check_orphan(self, task: Key, lease: LeaseView) -> None:
+        """A claim Lease in another namespace (no owner reference) whose task the store
+        does not hold: read the task once; gone, or another object of that name (its UID),
+        and the Lease is deleted. Off the decision path (a low-priority slot)."""
+        try:
+            reply = await self.gate.call_low(self.kube.get_task, *task)
+        except KubeError as err:
+            log.info("reading task %s/%s for its Lease had no answer: %s", *task, err)
+            return
+        if reply.status is Status.GONE:
+            orphan = True
+        elif reply.ok and reply.body is not None:
+            uid = (reply.body.get("metadata") or {}).get("uid")
+            orphan = bool(lease.task_uid) and uid != lease.task_uid
+        else:
+            return  # not ours to judge (forbidden: a namespace we do not watch)
+        if orphan and task not in self.store.tasks:
+            log.info("deleting Lease %s/%s: its task %s/%s is gone", *lease.key, *task)
+            await self.delete(task, lease)
+
     async def revoke(self, task: TaskView, lease: LeaseView, reason: str) -> None:
         """Mark the claim revoked on its Lease (a CAS on the version the decision saw): the
         holder's sidecar stops renewing it and tells its agent ``reason``. A Lease that
@@ -142,36 +162,50 @@ class ClaimLeases:
         return None
 
     def grant_lease_body(self, task: TaskView) -> Body:
+        """The claim's Lease: in the task's namespace, owned by the task; or -- its worker
+        in another namespace (``status.workerNamespace``) -- ``agentq-xtask-<namespace>.
+        <task>`` in the worker's, labelled with the task's namespace and owned by nothing
+        (an owner reference cannot cross namespaces: the operator deletes it)."""
         status = task.status
         now = micro_rfc3339(self.clock.now())
         worker = str(status.worker)
+        cross = status.worker_namespace not in (None, task.namespace)
+        labels = {
+            protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK,
+            protocol.LABEL_TASK: protocol.label_value(task.name),
+            protocol.LABEL_WORKER: protocol.label_value(worker),
+        }
+        if cross:
+            labels[protocol.LABEL_TASK_NAMESPACE] = task.namespace
+        metadata: Body = {
+            "name": (
+                protocol.cross_task_lease_name(task.namespace, task.name)
+                if cross
+                else protocol.task_lease_name(task.name)
+            ),
+            "namespace": status.worker_namespace if cross else task.namespace,
+            "labels": labels,
+            "annotations": {
+                protocol.ANNOTATION_TOKEN: str(status.fencing_token),
+                protocol.ANNOTATION_ATTEMPT: str(status.attempt or 1),
+                protocol.ANNOTATION_TASK_UID: task.uid,
+            },
+        }
+        if not cross:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": "agentq.dev/v1alpha1",
+                    "kind": "AgentTask",
+                    "name": task.name,
+                    "uid": task.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": False,
+                }
+            ]
         return {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {
-                "name": protocol.task_lease_name(task.name),
-                "namespace": task.namespace,
-                "labels": {
-                    protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK,
-                    protocol.LABEL_TASK: protocol.label_value(task.name),
-                    protocol.LABEL_WORKER: protocol.label_value(worker),
-                },
-                "annotations": {
-                    protocol.ANNOTATION_TOKEN: str(status.fencing_token),
-                    protocol.ANNOTATION_ATTEMPT: str(status.attempt or 1),
-                    protocol.ANNOTATION_TASK_UID: task.uid,
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": "agentq.dev/v1alpha1",
-                        "kind": "AgentTask",
-                        "name": task.name,
-                        "uid": task.uid,
-                        "controller": True,
-                        "blockOwnerDeletion": False,
-                    }
-                ],
-            },
+            "metadata": metadata,
             "spec": {
                 "holderIdentity": worker,
                 "leaseDurationSeconds": task.spec.lease_duration_seconds,
@@ -190,13 +224,14 @@ class ClaimLeases:
         """
         body = self.grant_lease_body(task)
         name = body["metadata"]["name"]
+        namespace = body["metadata"]["namespace"]
         token = task.status.fencing_token or 0
         for _ in range(4):
             if lease is None:
                 body["metadata"].pop("resourceVersion", None)  # a create carries none
-                reply = await self.gate.call(self.kube.create_lease, task.namespace, body)
+                reply = await self.gate.call(self.kube.create_lease, namespace, body)
                 if reply.status is Status.CONFLICT:
-                    got = await self.gate.call(self.kube.get_lease, task.namespace, name)
+                    got = await self.gate.call(self.kube.get_lease, namespace, name)
                     if got.ok and got.body is not None:
                         self.observe(got.body)
                         lease = views.lease_view(got.body)
@@ -208,7 +243,7 @@ class ClaimLeases:
                         await self._relabel(task, lease, body["metadata"]["labels"])
                     return
                 body["metadata"]["resourceVersion"] = lease.resource_version
-                reply = await self.gate.call(self.kube.replace_lease, task.namespace, name, body)
+                reply = await self.gate.call(self.kube.replace_lease, namespace, name, body)
                 if reply.status in (Status.CONFLICT, Status.GONE):
                     lease = None
                     continue

@@ -80,6 +80,7 @@ def wire(
     how long the leader may still act (s); ``epoch``: the leader's epoch, which grants
     carry (None without leader election)."""
     store = Store()
+    store.watched = tuple(config.namespaces)
     agenda = Agenda(poke)
     indexes = Indexes(timers=agenda.timers, clock=clock, store=store)
     cores = Cores(store, indexes.claims)
@@ -221,6 +222,7 @@ def wire(
         tokens=tokens,
         cleanup=cleanup,
         delete_lease=lambda key, lease: _spawn(gate, leases.delete(key, lease)),
+        check_orphan=lambda key, lease: _spawn(gate, leases.check_orphan(key, lease)),
     )
     return Parts(
         store=store,

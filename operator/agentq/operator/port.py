@@ -105,6 +105,10 @@ class Kube(Protocol):
         """A quorum read (the API server's default): newer than any watch event."""
         ...
 
+    async def get_task(self, namespace: str, name: str) -> Reply:
+        """A quorum read of an AgentTask (GONE: there is none of that name)."""
+        ...
+
     async def list_leases(self, namespace: str, label_selector: str) -> Reply:
         """OK carries the list (``items``, ``metadata.resourceVersion``)."""
         ...

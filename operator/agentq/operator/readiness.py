@@ -91,7 +91,7 @@ class WorkerReadiness:
         # readiness is applied, whichever changed.
         released = self.cores.upsert_worker(key, record)
         if released:  # it left the core: its claims are decided again
-            self.redecide([(key[0], task) for task in released])
+            self.redecide(released)
 
     def expired_claim(self, key: Key, since: float) -> None:
         """A claim ``key`` held expired: no new task until its Lease is renewed again.

@@ -81,6 +81,9 @@ class TaskRecord:
     # still land, so its slot stays held and the task is not granted again until a
     # newer view of the task says what happened, or until the monotonic time given.
     doubt: tuple[str, float] | None = None
+    # The namespace of the worker of the grant in flight or in doubt, when it is not the
+    # task's (a claim across namespaces); None: the task's own.
+    claim_ns: str | None = None
 
     @property
     def key(self) -> Key:
@@ -156,6 +159,10 @@ class Tombstones:
         if gone is None:
             gone = self._old.get(key)
         return gone is not None and not newer(resource_version, gone)
+
+    def holds(self, key: Key) -> bool:
+        """Whether ``key`` went recently (whatever the version)."""
+        return key in self._new or key in self._old
 
     def revive(self, key: Key) -> None:
         self._new.pop(key, None)

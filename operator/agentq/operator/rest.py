@@ -98,6 +98,9 @@ class RestKube:
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._call("GET", lease_path(namespace, name))
 
+    async def get_task(self, namespace: str, name: str) -> Reply:
+        return await self._call("GET", object_path(GROUP, VERSION, namespace, TASK_PLURAL, name))
+
     async def list_leases(self, namespace: str, label_selector: str) -> Reply:
         query = urllib.parse.urlencode({"labelSelector": label_selector})
         return await self._call("GET", lease_path(namespace) + "?" + query)

@@ -131,6 +131,9 @@ class HeardKube:
     async def get_lease(self, namespace: str, name: str) -> Reply:
         return await self._timed(self.inner.get_lease(namespace, name))
 
+    async def get_task(self, namespace: str, name: str) -> Reply:
+        return await self._timed(self.inner.get_task(namespace, name))
+
     async def list_leases(self, namespace: str, label_selector: str) -> Reply:
         return await self._timed(self.inner.list_leases(namespace, label_selector))
 

@@ -78,8 +78,15 @@ class Store:
         self.tasks: dict[Key, TaskRecord] = {}
         self.workers: dict[Key, WorkerRecord] = {}
         self.leases: dict[Key, LeaseRecord] = {}
+        # task -> the key of its claim Lease in another namespace (``agentq-xtask-``):
+        # derived from the Lease records (their names), so a Lease is found after a
+        # reclaim cleared the task's status.workerNamespace.
+        self.xleases: dict[Key, Key] = {}
         self.queues: dict[str, QueueView] = {}  # cluster-scoped: by name
         self.namespaces: dict[str, tuple[str, dict[str, str]]] = {}  # (resourceVersion, labels)
+        # The namespaces the operator watches (empty: every one): a queue whose workers
+        # are elsewhere cannot be served (``tenants.judge``).
+        self.watched: tuple[str, ...] = ()
         self.task_tombstones = Tombstones()
         self.worker_tombstones = Tombstones()
         self.changed = Changes()
@@ -94,8 +101,15 @@ class Store:
         return None if record is None else record.view
 
     def lease_of(self, task: TaskView) -> LeaseRecord | None:
-        """The claim Lease of ``task`` (by name: it may belong to an earlier task)."""
-        return self.leases.get(task_lease_key(task))
+        """The claim Lease of ``task`` (by name: it may belong to an earlier task): in its
+        own namespace, or (a claim across namespaces) in its worker's."""
+        worker_namespace = task.status.worker_namespace
+        if worker_namespace is None or worker_namespace == task.namespace:
+            lease = self.leases.get(task_lease_key(task))
+            if lease is not None or not self.xleases:
+                return lease
+        xkey = self.xleases.get(task.key)
+        return None if xkey is None else self.leases.get(xkey)
 
     def _settle(self, key: Key) -> None:
         """A finished task kept only for its Lease (to delete it): that Lease is gone, so
@@ -260,11 +274,14 @@ class Store:
             if record is not None:
                 del self.leases[key]
                 self.changed.lease(key, record.view, None)
+                xtask = record.view.task
+                if record.view.task_namespace is not None and self.xleases.get(xtask) == key:
+                    del self.xleases[xtask]
                 # The record's kind and subject: the body of a deletion may carry no
                 # labels (our own delete's, ``leases.gone``), and a finished task kept
                 # for this Lease must still be let go (its TTL then runs).
                 if record.view.kind == protocol.LEASE_KIND_TASK:
-                    self._settle((record.view.namespace, record.view.subject))
+                    self._settle(record.view.task)
             return record is not None
         if record is not None and not newer(view.resource_version, record.view.resource_version):
             return False
@@ -286,6 +303,8 @@ class Store:
                 Observation.first(renewal, now, age=age),
                 revoked_at=now if view.revoked is not None else None,
             )
+            if view.task_namespace is not None and view.kind == protocol.LEASE_KIND_TASK:
+                self.xleases[view.task] = key
             self.changed.lease(key, None, view)
             return True
         old = record.view
@@ -304,7 +323,7 @@ class Store:
                 or worker.readiness is None
                 or worker.readiness[0] is not Readiness.READY
             )
-        return not renews(self.task((view.namespace, view.subject)), old, view)
+        return not renews(self.task(view.task), old, view)
 
     def expire_tombstones(self, now: float, period: float) -> None:
         """Age the tombstones once a ``period`` (monotonic ``now``): each is kept one period
@@ -316,13 +335,17 @@ class Store:
             self.task_tombstones.age()
             self.worker_tombstones.age()
 
-    def start_write(self, record: TaskRecord, *, granting: str | None = None) -> int:
-        """A write about the task is going out (``granting``: a grant to that worker);
-        returns its ticket, for ``end_write``."""
+    def start_write(
+        self, record: TaskRecord, *, granting: str | None = None, namespace: str | None = None
+    ) -> int:
+        """A write about the task is going out (``granting``: a grant to that worker, of
+        ``namespace`` when it is not the task's); returns its ticket, for ``end_write``."""
         if not record.busy:
             record.busy = True
             self.busy += 1
         record.granting = granting
+        if granting is not None:
+            record.claim_ns = namespace
         record.write = next(self._writes)
         return record.write
 

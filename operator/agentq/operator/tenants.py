@@ -8,7 +8,7 @@
 - ``judge``: a pending task's verdict on the queue it names (``docs/tenancy.md``):
   None (admitted: it waits in the lane ``(namespace, queue)``) or why it may not
   be dispatched (``QueueNotFound``, ``QueueForbidden``, ``QueueNotLeaf``,
-  ``QueueNotAttached``, ``NoWorkerNamespace``, ``CrossNamespaceNotSupported``).
+  ``QueueNotAttached``, ``NoWorkerNamespace``, ``NamespaceNotWatched``).
   ``Indexes`` keeps the verdicts; ``invariants`` judges them again from the
   records with this same rule.
 - ``QueueLevel``: the first level of dispatch, a ``scheduler.tenancy.QueueTree``
@@ -36,6 +36,7 @@ __all__ = [
     "CROSS_NAMESPACE",
     "CYCLE",
     "IMPLICIT_PREFIX",
+    "NAMESPACE_NOT_WATCHED",
     "NO_WORKER_NAMESPACE",
     "PARENT_NOT_FOUND",
     "QUEUE_FORBIDDEN",
@@ -55,7 +56,9 @@ QUEUE_FORBIDDEN = "QueueForbidden"
 QUEUE_NOT_LEAF = "QueueNotLeaf"
 QUEUE_NOT_ATTACHED = "QueueNotAttached"
 NO_WORKER_NAMESPACE = "NoWorkerNamespace"
+# Said by operators before cross-namespace claims (kept for the CLI's hints).
 CROSS_NAMESPACE = "CrossNamespaceNotSupported"
+NAMESPACE_NOT_WATCHED = "NamespaceNotWatched"
 
 # Why a queue is detached (its Attached condition's reason).
 PARENT_NOT_FOUND = "ParentNotFound"
@@ -162,9 +165,16 @@ def owned(name: str, topo: Topology, namespaces: tuple[str, ...]) -> bool:
     )
 
 
-def judge(namespace: str, queue: str, topo: Topology, labels: Mapping[str, str]) -> Verdict | None:
+def judge(
+    namespace: str,
+    queue: str,
+    topo: Topology,
+    labels: Mapping[str, str],
+    watched: tuple[str, ...] = (),
+) -> Verdict | None:
     """May a pending task of ``namespace`` (whose labels are ``labels``) be dispatched
-    through ``queue``? None: yes; else (reason, message)."""
+    through ``queue``, by an operator watching ``watched`` (empty: every namespace)?
+    None: yes; else (reason, message)."""
     spec = topo.specs.get(queue)
     if spec is None:
         return QUEUE_NOT_FOUND, f"AgentQueue {queue} does not exist (or its spec is invalid)"
@@ -183,11 +193,11 @@ def judge(namespace: str, queue: str, topo: Topology, labels: Mapping[str, str])
         return QUEUE_NOT_ATTACHED, f"AgentQueue {queue} is not attached: {topo.detached[queue]}"
     if spec.worker_namespace is None:
         return NO_WORKER_NAMESPACE, f"AgentQueue {queue} names no workerNamespace"
-    if spec.worker_namespace != namespace:
+    if watched and spec.worker_namespace not in watched:
         return (
-            CROSS_NAMESPACE,
-            f"AgentQueue {queue}'s workers are in namespace {spec.worker_namespace}: claims "
-            f"across namespaces are not supported yet (the task is in {namespace})",
+            NAMESPACE_NOT_WATCHED,
+            f"AgentQueue {queue}'s workers are in namespace {spec.worker_namespace}, which "
+            f"this operator does not watch (it watches {', '.join(watched)})",
         )
     return None
 

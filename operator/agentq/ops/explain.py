@@ -35,7 +35,8 @@ Finding codes (stable; ``-o json`` shows them):
 ``QueueNotLeaf``          ``Queued: False``: the queue has child queues; only leaves hold tasks
 ``QueueNotAttached``      ``Queued: False``: the queue's parent is missing, or its parents cycle
 ``NoWorkerNamespace``     ``Queued: False``: the queue names no workerNamespace
-``CrossNamespace...``     ``Queued: False``: the queue's workers are in another namespace
+``NamespaceNotWatched``   ``Queued: False``: the operator does not watch the workerNamespace
+``CrossNamespace...``     ``Queued: False``: (an older operator) workers in another namespace
 ``NotQueued``             ``Queued: False`` for a reason this CLI does not know
 ========================  ===========================================================
 
@@ -371,6 +372,10 @@ _VERDICT_HINTS = {
         "(`kubectl get agentqueue {queue} -o yaml`: its Attached condition names it)"
     ),
     "NoWorkerNamespace": ("ask a cluster admin to set spec.workerNamespace of AgentQueue {queue}"),
+    "NamespaceNotWatched": (
+        "the operator watches only some namespaces (--namespace): ask its admin to add "
+        "AgentQueue {queue}'s workerNamespace"
+    ),
     "CrossNamespaceNotSupported": (
         "claims across namespaces are not built yet: submit it in the queue's "
         "workerNamespace, or name a queue whose workerNamespace is {namespace}"

@@ -45,7 +45,8 @@ def why(body: dict, queues: list[dict] | None, **kw: Any) -> Explanation:
 def verdict(queue: str, queues: list[dict], labels: dict[str, str]) -> tuple[str, str]:
     """What the operator decides for a task of namespace ``NS`` naming ``queue``."""
     topo = tenants.topology({q["metadata"]["name"]: queue_view(q) for q in queues})
-    found = tenants.judge(NS, queue, topo, labels)
+    # (an operator confined to the task's namespace: NamespaceNotWatched is its verdict)
+    found = tenants.judge(NS, queue, topo, labels, (NS,))
     assert found is not None
     return found
 
@@ -100,8 +101,8 @@ TEAM = {"agentq.dev/team": "a"}
                 }
             ],
             TEAM,
-            "CrossNamespaceNotSupported",
-            f"name a queue whose workerNamespace is {NS}",
+            "NamespaceNotWatched",
+            "add AgentQueue team-a's workerNamespace",
         ),
     ],
 )

@@ -1,0 +1,282 @@
+"""Claims across namespaces (docs/tenancy.md, "Cross-namespace claims"): a task of a
+team's namespace granted to a worker of the pool namespace its AgentQueue names, on the
+in-memory API server. The harness's namespace ``NS`` is the pool; every step ends with
+the invariants (``strict``), which judge the lanes, claims, cores and the index of the
+Leases in other namespaces again from the records."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentq import protocol
+from agentq.clock import micro_rfc3339
+from agentq.operator.port import KubeError
+from builders import queue, task
+from harness import NS, Harness, run
+
+TEAM_A, TEAM_B = "team-a", "team-b"
+
+
+async def fleet(h: Harness, *, slots: int = 2, workers: int = 1) -> None:
+    h.namespace(TEAM_A, team="a")
+    h.namespace(TEAM_B, team="b")
+    h.namespace(NS)
+    for i in range(workers):
+        h.worker(f"w{i + 1}", "llm", max_in_flight=slots, lease_seconds=100_000)
+    h.queue(queue("qa").selects(team="a").workers_in(NS))
+    h.queue(queue("qb").selects(team="b").workers_in(NS))
+    await h.settle()
+
+
+def submit(h: Harness, namespace: str, name: str, **extra: Any) -> None:
+    builder = task(name).requires("llm").queue("qa" if namespace == TEAM_A else "qb")
+    body = builder.namespace(namespace).obj()
+    body["spec"].update({"leaseDurationSeconds": 300, **extra})
+    h.kube.put("agenttasks", body)
+
+
+def status(h: Harness, namespace: str, name: str) -> dict[str, Any]:
+    body = h.kube.get("agenttasks", namespace, name)
+    assert body is not None
+    return body.get("status") or {}
+
+
+def xlease(h: Harness, namespace: str, name: str) -> dict[str, Any] | None:
+    return h.kube.get("leases", NS, protocol.cross_task_lease_name(namespace, name))
+
+
+def renew(h: Harness, namespace: str, name: str) -> None:
+    h.clock.advance(0.001)
+    h.kube.edit(
+        "leases",
+        NS,
+        protocol.cross_task_lease_name(namespace, name),
+        lambda b: b["spec"].__setitem__("renewTime", micro_rfc3339(h.clock.now())),
+    )
+
+
+def report(h: Harness, namespace: str, name: str, **fields: Any) -> None:
+    st = status(h, namespace, name)
+    body = {"token": st.get("fencingToken"), "worker": st.get("worker"), **fields}
+    h.kube.edit(
+        "leases",
+        NS,
+        protocol.cross_task_lease_name(namespace, name),
+        lambda b: (
+            b["metadata"]
+            .setdefault("annotations", {})
+            .__setitem__(protocol.ANNOTATION_REPORT, json.dumps(body))
+        ),
+    )
+
+
+@run
+async def test_tasks_of_two_teams_run_on_the_pool_and_succeed() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_B, "b1")
+    await h.settle()
+    for namespace, name in [(TEAM_A, "a1"), (TEAM_B, "b1")]:
+        st = status(h, namespace, name)
+        assert st["phase"] == "Assigned"
+        assert (st["worker"], st["workerNamespace"]) == ("w1", NS)
+        assert st["leaseName"] == protocol.cross_task_lease_name(namespace, name)
+        lease = xlease(h, namespace, name)
+        assert lease is not None
+        labels = lease["metadata"]["labels"]
+        assert labels[protocol.LABEL_TASK_NAMESPACE] == namespace
+        assert labels[protocol.LABEL_TASK] == name
+        assert labels[protocol.LABEL_WORKER] == "w1"
+        assert not lease["metadata"].get("ownerReferences")  # cannot cross namespaces
+        assert lease["spec"]["holderIdentity"] == "w1"
+        # Nothing in the team's own namespace.
+        assert h.kube.get("leases", namespace, protocol.task_lease_name(name)) is None
+    await h.run_for(31, step=5)  # the worker's counts are written within 30 s
+    assert sorted(h.worker_status("w1")["assignedTasks"]) == ["team-a/a1", "team-b/b1"]
+    # The claim API's lookup knows the current claims, and nothing else.
+    ref = h.controller.claim_ref(NS, protocol.cross_task_lease_name(TEAM_A, "a1"))
+    assert ref is not None
+    assert (ref.task_namespace, ref.task_name, ref.worker) == (TEAM_A, "a1", "w1")
+    assert ref.token == status(h, TEAM_A, "a1")["fencingToken"]
+    assert h.controller.claim_ref(TEAM_A, protocol.cross_task_lease_name(TEAM_A, "a1")) is None
+    assert h.controller.claim_ref(NS, protocol.task_lease_name("a1")) is None
+    # The holder runs both and reports: Succeeded, the Leases deleted by the operator.
+    for namespace, name in [(TEAM_A, "a1"), (TEAM_B, "b1")]:
+        renew(h, namespace, name)
+        await h.settle()
+        assert status(h, namespace, name)["phase"] == "Running"
+        report(h, namespace, name, outcome="Succeeded", result={"ok": name})
+    await h.settle()
+    for namespace, name in [(TEAM_A, "a1"), (TEAM_B, "b1")]:
+        st = status(h, namespace, name)
+        assert st["phase"] == "Succeeded"
+        assert (st["worker"], st["workerNamespace"]) == ("w1", NS)  # kept with worker
+        assert xlease(h, namespace, name) is None
+    assert h.controller.claim_ref(NS, protocol.cross_task_lease_name(TEAM_A, "a1")) is None
+    await h.run_for(31, step=5)
+    assert not h.worker_status("w1").get("assignedTasks")
+    assert h.controller.cores.loaded == {}
+
+
+@run
+async def test_a_foreign_claim_whose_holder_stops_renewing_is_reclaimed() -> None:
+    h = Harness()
+    await fleet(h, slots=1, workers=2)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    first = status(h, TEAM_A, "a1")
+    assert first["phase"] == "Assigned"
+    h.clock.advance(11)  # no renewal: the claim expires
+    await h.settle()
+    again = status(h, TEAM_A, "a1")
+    assert again["reclaims"] == 1
+    # Granted again at once, to the other worker (a re-dispatch avoids the failed one).
+    assert again["phase"] == "Assigned"
+    assert again["worker"] != first["worker"]
+    assert again["workerNamespace"] == NS
+    assert again["fencingToken"] > first["fencingToken"]
+    lease = xlease(h, TEAM_A, "a1")
+    assert lease is not None
+    assert lease["spec"]["holderIdentity"] == again["worker"]
+
+
+@run
+async def test_deleting_a_foreign_task_deletes_its_lease() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    assert xlease(h, TEAM_A, "a1") is not None
+    h.kube.remove("agenttasks", TEAM_A, "a1")  # no owner reference: no collector
+    await h.settle()
+    assert xlease(h, TEAM_A, "a1") is None
+    assert h.controller.store.xleases == {}
+    assert h.controller.cores.loaded == {}
+
+
+@run
+async def test_an_orphan_lease_found_after_a_rebuild_is_checked_with_one_read() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    # The operator did not see the task go (it was away): its Lease is an orphan.
+    with_lease = xlease(h, TEAM_A, "a1")
+    assert with_lease is not None
+    h.kube.objects.pop(("agenttasks", TEAM_A, "a1"))
+    reads = h.kube.calls["get_task"]
+    h.controller.follower.rebuild(urgent=False)  # a resync: the store still holds the task
+    await h.settle()
+    assert xlease(h, TEAM_A, "a1") is not None  # in the store: not judged
+    # A Lease whose task the store never saw (the watch ran ahead, or a relist) is read.
+    h.controller.store.tasks.pop((TEAM_A, "a1"))
+    h.controller.indexes.rebuild(h.controller.store)
+    h.controller.cores.rebuild()
+    h.controller.follower.rebuild(urgent=False)
+    await h.settle()
+    assert h.kube.calls["get_task"] == reads + 1
+    assert xlease(h, TEAM_A, "a1") is None
+
+
+@run
+async def test_a_task_of_the_pool_and_foreign_tasks_share_the_workers() -> None:
+    h = Harness()
+    await fleet(h, slots=3)
+    h.queue(queue("qp").selects().workers_in(NS))
+    h.task(task("p1").requires("llm").queue("qp"))
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_B, "b1")
+    submit(h, TEAM_B, "b2")  # no room: waits in the pool's lane of qb
+    await h.settle()
+    assert h.phase("p1") == "Assigned"
+    assert h.lease("p1") is not None  # the pool's own task: as ever
+    assert h.status("p1").get("workerNamespace") is None
+    assigned = [n for n in ("b1", "b2") if status(h, TEAM_B, n)["phase"] == "Assigned"]
+    assert len(assigned) == 1  # three slots: p1, a1 and one of team-b's
+    await h.run_for(31, step=5, renew=("p1",))
+    assert sorted(h.worker_status("w1")["assignedTasks"]) == [
+        "p1",
+        "team-a/a1",
+        f"team-b/{assigned[0]}",
+    ]
+
+
+@run
+async def test_an_operator_confined_to_some_namespaces_says_namespace_not_watched() -> None:
+    h = Harness(namespaces=(TEAM_A,))
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    st = status(h, TEAM_A, "a1")
+    queued = next(c for c in st["conditions"] if c["type"] == "Queued")
+    assert (queued["status"], queued["reason"]) == ("False", "NamespaceNotWatched")
+    assert st["phase"] == "Pending"
+
+
+@run
+async def test_a_new_leader_rebuilds_foreign_claims_from_the_records() -> None:
+    h = Harness()
+    await fleet(h, slots=2)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_B, "b1")
+    await h.settle()
+    core = h.controller.cores.of(NS)
+    held = core.holds()
+    assert held == {"team-a~a1": "w1", "team-b~b1": "w1"}
+    # Leadership lost and taken again: every index and core rebuilt from the records
+    # (the invariants check each step), the foreign claims loaded where their worker is.
+    h.controller.set_leading(False)
+    h.controller.set_leading(True)
+    await h.settle()
+    assert h.controller.cores.of(NS).holds() == held
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS, (TEAM_B, "b1"): NS}
+    # The holder finishes one: released from the pool's core, its cost served.
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert h.controller.cores.of(NS).holds() == {"team-b~b1": "w1"}
+    assert h.controller.cores.of(NS).worker_state("w1").served_cost == 1
+    assert (TEAM_A, "a1") not in h.controller.cores.loaded
+
+
+@run
+async def test_a_worker_that_leaves_hands_back_its_foreign_claims() -> None:
+    h = Harness()
+    await fleet(h, slots=2)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS}
+    h.kube.remove("agentworkers", NS, "w1")  # its claims decided again, from the pool's core
+    await h.settle()
+    assert h.controller.cores.loaded == {}
+    assert status(h, TEAM_A, "a1")["phase"] in ("Assigned", "Running")  # its Lease decides
+
+
+@run
+async def test_a_foreign_grant_of_unknown_outcome_holds_its_slot_in_the_pools_core() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    # The grant's status write lands, but its answer is lost (a timeout).
+    tasks = lambda args: args[0] == "agenttasks"  # noqa: E731
+    h.kube.inject("patch_status", KubeError("timed out"), applied=True, when=tasks)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st["workerNamespace"]) == ("Assigned", NS)
+    # The newer view of the task said it landed: loaded in the pool's core, its Lease made.
+    assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1"}
+    assert h.controller.cores.loaded == {(TEAM_A, "a1"): NS}
+    assert xlease(h, TEAM_A, "a1") is not None
+    # A grant lost before it landed gives the slot back (the pool's core, not the team's).
+    submit(h, TEAM_B, "b1")
+    h.kube.inject("patch_status", KubeError("timed out"), when=tasks)
+    h.kube.edit("agentworkers", NS, "w1", lambda b: b["spec"].__setitem__("maxInFlight", 2))
+    await h.settle()
+    await h.advance(31)  # the doubt's end: the slot back, granted again
+    assert h.controller.stats.unknown == 2
+    assert status(h, TEAM_B, "b1")["phase"] == "Assigned"
+    assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1", "team-b~b1": "w1"}
