@@ -279,7 +279,7 @@ class Attempt:
         }
         if self.progress is not None:
             out["progress"] = self.progress
-        if self.budgets:
+        if self.state != "pending":
             out["budgets"] = [
                 {"name": name, "requests": requests, "tokens": tokens}
                 for name, (requests, tokens) in sorted(self.budgets.items())
