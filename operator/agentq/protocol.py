@@ -92,7 +92,7 @@ MAX_USAGE_TOKENS = 1_000_000_000_000
 MAX_RETRY_AFTER_SECONDS = 3600
 MAX_USAGE_BUDGETS = 8
 MAX_THROTTLE_ID_CHARS = 64
-_BUDGET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_BUDGET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 MAX_BUDGET_NAME_CHARS = 63
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -358,7 +358,7 @@ def check_budget_name(name: Any, *, what: str) -> str:
     """An AgentBudget's name as a task's ``spec.budgets`` names it, else ProtocolError."""
     if not isinstance(name, str):
         raise ProtocolError(f"{what} must be a budget's name (a string), not {name!r}")
-    if not 1 <= len(name) <= MAX_BUDGET_NAME_CHARS or not _BUDGET_NAME.match(name):
+    if not 1 <= len(name) <= MAX_BUDGET_NAME_CHARS or not _BUDGET_NAME.fullmatch(name):
         raise ProtocolError(
             f"{what} {name[:80]!r} is not a budget's name (1 to {MAX_BUDGET_NAME_CHARS} "
             "lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"
@@ -375,13 +375,19 @@ def _amount(value: Any, *, what: str, limit: int) -> int:
 
 
 def parse_usage(
-    value: Any, *, what: str = "usage", previous: dict[str, Usage] | None = None
+    value: Any,
+    *,
+    what: str = "usage",
+    previous: dict[str, Usage] | None = None,
+    names: bool = True,
 ) -> dict[str, Usage]:
     """A usage object as JSON (``{"<budget>": {"requests": n, "tokens": n}}``, decoded)
     read STRICTLY: at most ``MAX_USAGE_BUDGETS`` budgets, each a budget's name; each
     entry an object of ``requests`` (0 to ``MAX_USAGE_REQUESTS``) and ``tokens`` (0 to
     ``MAX_USAGE_TOKENS``), JSON integers, nothing else. An amount left out is the one in
     ``previous`` (the attempt's report so far), else 0. ProtocolError says what is wrong.
+    ``names=False`` leaves the budgets' names unchecked (any string): for a caller that
+    then checks them against the names a task gives, which is stricter.
     """
     if not isinstance(value, dict):
         raise ProtocolError(f"{what} must be an object of budgets, not {type(value).__name__}")
@@ -392,7 +398,8 @@ def parse_usage(
     before = previous or {}
     out: dict[str, Usage] = {}
     for name, entry in value.items():
-        check_budget_name(name, what=f"{what}: budget")
+        if names:
+            check_budget_name(name, what=f"{what}: budget")
         where = f"{what}[{name!r}]"
         if not isinstance(entry, dict):
             raise ProtocolError(
@@ -497,10 +504,11 @@ class Throttle:
         return cls(budget=budget, retry_after_seconds=seconds, id=ident)
 
 
-def parse_throttle(value: Any, *, what: str = "throttled") -> tuple[str, float]:
+def parse_throttle(value: Any, *, what: str = "throttled", names: bool = True) -> tuple[str, float]:
     """A throttle as an agent sends it (``{"budget", "retryAfterSeconds"}``, decoded)
     STRICTLY: a budget's name and a number of seconds in ``(0, MAX_RETRY_AFTER_SECONDS]``
-    (an integer, or a finite fraction). Returns ``(budget, seconds)``; ProtocolError."""
+    (an integer, or a finite fraction). Returns ``(budget, seconds)``; ProtocolError.
+    ``names=False``: the budget need only be a string (see ``parse_usage``)."""
     if not isinstance(value, dict):
         raise ProtocolError(
             f"{what} must be an object with budget and retryAfterSeconds, "
@@ -514,7 +522,9 @@ def parse_throttle(value: Any, *, what: str = "throttled") -> tuple[str, float]:
         )
     if "budget" not in value or "retryAfterSeconds" not in value:
         raise ProtocolError(f"{what} needs both budget and retryAfterSeconds")
-    budget = check_budget_name(value["budget"], what=f"{what}.budget")
+    budget = value["budget"]
+    if names or not isinstance(budget, str):
+        check_budget_name(budget, what=f"{what}.budget")
     seconds = value["retryAfterSeconds"]
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise ProtocolError(

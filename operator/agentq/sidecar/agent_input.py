@@ -136,7 +136,7 @@ def _usage(body: dict[str, Any]) -> dict[str, protocol.Usage] | None:
     try:
         # Parsed against "no previous report": an amount left out reads as 0 here and is
         # taken from the attempt's previous report by ``Attempts.check_usage``.
-        protocol.parse_usage(value)
+        protocol.parse_usage(value, names=False)
     except protocol.ProtocolError as err:
         raise invalid_usage(str(err)) from None
     usage: dict[str, Any] = value
@@ -148,7 +148,7 @@ def _throttle(body: dict[str, Any]) -> ThrottleRequest | None:
     if value is None:
         return None
     try:
-        budget, seconds = protocol.parse_throttle(value)
+        budget, seconds = protocol.parse_throttle(value, names=False)
     except protocol.ProtocolError as err:
         raise invalid_throttle(str(err)) from None
     return ThrottleRequest(budget, float(seconds))
