@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client, watch
 
 from agentq import protocol
-from agentq.agent import AgentError, Assignment, SidecarClient
+from agentq.agent import AgentError, Assignment, SidecarClient, SidecarUnavailable
 from builders import budget, task, worker
 from fleet import AgentPair, ControlPlane, Fleet
 
@@ -34,7 +34,12 @@ class Setup:
     def assignment(self, name: str) -> Assignment:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            for item in self.client.list(wait=5)[1]:
+            try:
+                items = self.client.list(wait=5)[1]
+            except SidecarUnavailable:  # starting, or not yet holding its worker Lease
+                time.sleep(0.2)
+                continue
+            for item in items:
                 if item.task == name:
                     return item
         raise AssertionError(f"{name} was never assigned:\n{self.fleet.logs()}")
@@ -76,7 +81,11 @@ def setup(
     try:
         fleet.add_worker(worker("w").capabilities("llm").max_in_flight(4))
         pair = fleet.agent("w", "hang")
+        # agent-sim, reporting the usage and the throttle its tasks' payloads say.
+        fleet.add_worker(worker("sim").capabilities("sim"))
+        fleet.agent("sim", "complete", work_seconds=0.5)
         fleet.operator()
+        pair.wait_serving()
         yield Setup(fleet, pair, names)
     finally:
         fleet.close()
@@ -232,3 +241,25 @@ def test_usage_costs_no_api_write_of_its_own(setup: Setup) -> None:
     used = run_task(setup, "used", with_usage=True)
     print(f"task Lease writes by the sidecar: without usage {plain}, with usage {used}")
     assert plain == used == 2  # the first renewal (Running) and the report
+
+
+def test_agent_sim_reports_the_usage_and_throttle_its_payload_says(setup: Setup) -> None:
+    o = setup.openai
+    events = LeaseEvents(setup.fleet, "simmed")
+    time.sleep(0.5)  # the watch is open before the Lease exists
+    payload = {
+        "usage": {o: {"requests": 2, "tokens": 3000}},
+        "throttled": {"budget": o, "retryAfterSeconds": 5},
+    }
+    setup.fleet.add_task(
+        task("simmed").requires("sim").lease(30).budget(o, tokens=1000).payload(payload)
+    )
+    setup.fleet.wait_phase("simmed", "Succeeded", timeout=60)
+    assert events.done.wait(30), events.versions
+    throttles = [protocol.lease_throttle(v) for v in events.versions]
+    assert any(t is not None and (t.budget, t.retry_after_seconds) == (o, 5) for t in throttles)
+    reports = [
+        v[protocol.ANNOTATION_REPORT] for v in events.versions if protocol.ANNOTATION_REPORT in v
+    ]
+    assert reports, events.versions
+    assert protocol.Report.decode(reports[-1]).usage == {o: protocol.Usage(2, 3000)}
