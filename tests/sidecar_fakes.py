@@ -253,14 +253,26 @@ class Sidecar:
         self.keeper.confirmed_at = self.clock.monotonic()
         self.watcher.synced = True
 
-    def grant(self, task: str = "job", *, token: int = 7) -> Attempt:
-        """The operator grants ``task``; the watch sees it and the task is read."""
+    def grant(
+        self,
+        task: str = "job",
+        *,
+        token: int = 7,
+        budgets: dict[str, tuple[int, int]] | None = None,
+    ) -> Attempt:
+        """The operator grants ``task``; the watch sees it and the task is read
+        (``budgets``: its spec.budgets, name -> (requests, tokens) estimated)."""
         path = lease_path(NS, protocol.task_lease_name(task))
         lease = self.api.put(path, task_lease(task, token=token))
         attempt = self.attempts.observe(lease, self.clock.monotonic())
         assert attempt is not None
         assert self.attempts.activate(
-            attempt, uid="uid-1", payload={"q": 1}, lease_seconds=30, heartbeat_seconds=10
+            attempt,
+            uid="uid-1",
+            payload={"q": 1},
+            lease_seconds=30,
+            heartbeat_seconds=10,
+            budgets=budgets,
         )
         return attempt
 

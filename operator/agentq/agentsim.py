@@ -21,6 +21,12 @@ the sidecar's 409 are what stop a zombie, and this process shows both. Every
 event is one JSON line on stdout (``assigned``, ``sink-written``,
 ``sink-refused``, ``reported``, ``lost``, ``revoked``), for tests and people to read.
 
+Budgets (docs/budgets.md): a task whose payload has ``"throttled": {"budget",
+"retryAfterSeconds"}`` reports that throttle as its work starts (a provider's 429),
+and one with ``"usage": {"<budget>": {"requests": n, "tokens": n}}`` records that
+usage (``lease.record_usage``) when its work is done, so its report carries it
+(``complete``, ``fail``, ``fatal``).
+
 ``pair_commands`` builds the argv of a sidecar + agent-sim pair (one agent pod's
 two containers as processes), for the demo and the tests.
 """
@@ -39,8 +45,10 @@ import click
 from agentq.agent import (
     DEFAULT_TOKEN_FILE,
     TOKEN_FILE_ENV,
+    AgentError,
     Assignment,
     Cancelled,
+    HeldLease,
     LeaseLost,
     SidecarClient,
     SidecarUnavailable,
@@ -196,7 +204,10 @@ class AgentSim:
                 return
             lease.progress("started")
             self._with_sink(lambda sink: sink.fence(a.task, a.token), a, "sink-fenced")
+            payload = a.payload if isinstance(a.payload, dict) else {}
+            _throttle(lease, a, payload.get("throttled"))
             time.sleep(self.work_seconds)  # the work: one blocking call that checks nothing
+            _record_usage(lease, a, payload.get("usage"))
             output = {
                 "task": a.task,
                 "token": a.token,
@@ -236,6 +247,34 @@ class AgentSim:
                 return None
             emit(event, task=a.task, token=a.token, revision=record.revision)
             return str(sink.ref(a.task))
+
+
+def _throttle(lease: HeldLease, a: Assignment, throttled: Any) -> None:
+    """The payload's ``throttled``, reported as a provider's 429 would make an agent."""
+    if not isinstance(throttled, dict):
+        return
+    seconds: Any = throttled.get("retryAfterSeconds", 0)
+    try:
+        lease.throttled(str(throttled.get("budget")), seconds)
+    except (ValueError, AgentError) as err:
+        emit("throttle-refused", task=a.task, token=a.token, why=str(err))
+        return
+    emit("throttled", task=a.task, token=a.token, budget=throttled.get("budget"))
+
+
+def _record_usage(lease: HeldLease, a: Assignment, usage: Any) -> None:
+    """The payload's ``usage``, recorded as spent by this attempt (the report sends it)."""
+    if not isinstance(usage, dict):
+        return
+    for budget, spent in usage.items():
+        spent = spent if isinstance(spent, dict) else {}
+        try:
+            lease.record_usage(
+                str(budget), requests=spent.get("requests", 1), tokens=spent.get("tokens", 0)
+            )
+        except ValueError as err:
+            emit("usage-refused", task=a.task, token=a.token, budget=budget, why=str(err))
+    emit("usage-recorded", task=a.task, token=a.token, usage=lease.usage())
 
 
 class _SinkFence:

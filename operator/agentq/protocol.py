@@ -26,6 +26,11 @@ ANNOTATION_TOKEN = f"{GROUP}/fencing-token"
 ANNOTATION_ATTEMPT = f"{GROUP}/attempt"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
 ANNOTATION_REPORT = f"{GROUP}/report"
+# The attempt's usage of the budgets its task names, cumulative (``encode_usage``), and
+# the last throttle its agent reported (``Throttle``): written by the sidecar with its
+# renewals and report, read by the operator (docs/budgets.md).
+ANNOTATION_USAGE = f"{GROUP}/usage"
+ANNOTATION_THROTTLED = f"{GROUP}/throttled"
 ANNOTATION_REQUEUE = f"{GROUP}/requeue"  # set on an AgentTask by `agentq requeue`
 ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # the UID of the AgentTask a task Lease belongs to
 # Set by the operator on a task Lease whose claim it revokes: why (REVOKE_REASONS). The
@@ -78,6 +83,17 @@ MAX_JSON_DEPTH = 64
 # must fit etcd's 1.5 MiB with room for its status, and inputs this large belong in the
 # agent's own store, referenced from the payload.
 MAX_PAYLOAD_BYTES = 256 * 1024
+
+# Usage reports and throttles (docs/budgets.md, "Bad input"): the largest requests and
+# tokens one attempt may report on a budget (as an estimate may hold), the longest
+# retry-after a throttle may ask, the most budgets a task names, and a budget's name.
+MAX_USAGE_REQUESTS = 1_000_000_000
+MAX_USAGE_TOKENS = 1_000_000_000_000
+MAX_RETRY_AFTER_SECONDS = 3600
+MAX_USAGE_BUDGETS = 8
+MAX_THROTTLE_ID_CHARS = 64
+_BUDGET_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+MAX_BUDGET_NAME_CHARS = 63
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -166,9 +182,13 @@ class Report:
     result_ref: str | None = None
     error: ErrorInfo | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The attempt's final usage of its task's budgets (cumulative); None: none reported.
+    usage: dict[str, Usage] | None = None
 
     def encode(self) -> str:
         body: dict[str, Any] = {"token": self.token, "worker": self.worker, "outcome": self.outcome}
+        if self.usage:
+            body["usage"] = usage_json(self.usage)
         if self.result is not None:
             body["result"] = self.result
         if self.result_ref is not None:
@@ -223,6 +243,7 @@ class Report:
         result = body.get("result")
         if json_depth(result) > MAX_JSON_DEPTH:
             raise ProtocolError(f"report result is nested deeper than {MAX_JSON_DEPTH} levels")
+        usage = body.get("usage")
         return cls(
             token=token,
             worker=worker,
@@ -230,6 +251,7 @@ class Report:
             result=result,
             result_ref=result_ref,
             error=_decode_error(body.get("error")),
+            usage=None if usage is None else parse_usage(usage, what="report usage"),
         )
 
 
@@ -334,3 +356,224 @@ def assigned_name(claim: str) -> str:
     own namespace by its name, another's as ``<namespace>/<task>``."""
     split = split_claim_id(claim)
     return claim if split is None else f"{split[0]}/{split[1]}"
+
+
+# -- budgets: usage and throttles (docs/budgets.md) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an attempt spent of one budget so far: requests and tokens, cumulative."""
+
+    requests: int = 0
+    tokens: int = 0
+
+    def covers(self, other: Usage) -> bool:
+        """Not lower than ``other`` in either amount (a later cumulative report)."""
+        return self.requests >= other.requests and self.tokens >= other.tokens
+
+
+def check_budget_name(name: Any, *, what: str) -> str:
+    """An AgentBudget's name as a task's ``spec.budgets`` names it, else ProtocolError."""
+    if not isinstance(name, str):
+        raise ProtocolError(f"{what} must be a budget's name (a string), not {name!r}")
+    if not 1 <= len(name) <= MAX_BUDGET_NAME_CHARS or not _BUDGET_NAME.fullmatch(name):
+        raise ProtocolError(
+            f"{what} {name[:80]!r} is not a budget's name (1 to {MAX_BUDGET_NAME_CHARS} "
+            "lowercase letters, digits, '-' and '.', starting and ending alphanumeric)"
+        )
+    return name
+
+
+def _amount(value: Any, *, what: str, limit: int) -> int:
+    if not is_json_int(value):
+        raise ProtocolError(f"{what} must be an integer, not {value!r}"[:300])
+    if not 0 <= value <= limit:
+        raise ProtocolError(f"{what} must be between 0 and {limit}, not {value}")
+    return value
+
+
+def parse_usage(
+    value: Any,
+    *,
+    what: str = "usage",
+    previous: dict[str, Usage] | None = None,
+    names: bool = True,
+) -> dict[str, Usage]:
+    """A usage object as JSON (``{"<budget>": {"requests": n, "tokens": n}}``, decoded)
+    read STRICTLY: at most ``MAX_USAGE_BUDGETS`` budgets, each a budget's name; each
+    entry an object of ``requests`` (0 to ``MAX_USAGE_REQUESTS``) and ``tokens`` (0 to
+    ``MAX_USAGE_TOKENS``), JSON integers, nothing else. An amount left out is the one in
+    ``previous`` (the attempt's report so far), else 0. ProtocolError says what is wrong.
+    ``names=False`` leaves the budgets' names unchecked (any string): for a caller that
+    then checks them against the names a task gives, which is stricter.
+    """
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} must be an object of budgets, not {type(value).__name__}")
+    if len(value) > MAX_USAGE_BUDGETS:
+        raise ProtocolError(
+            f"{what} names {len(value)} budgets; a task names at most {MAX_USAGE_BUDGETS}"
+        )
+    before = previous or {}
+    out: dict[str, Usage] = {}
+    for name, entry in value.items():
+        if names:
+            check_budget_name(name, what=f"{what}: budget")
+        where = f"{what}[{name!r}]"
+        if not isinstance(entry, dict):
+            raise ProtocolError(
+                f"{where} must be an object with requests and tokens, not {type(entry).__name__}"
+            )
+        unknown = sorted(set(entry) - {"requests", "tokens"})
+        if unknown:
+            raise ProtocolError(
+                f"{where} has unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
+                "allowed: requests, tokens"
+            )
+        old = before.get(name, Usage())
+        requests = entry.get("requests", old.requests)
+        tokens = entry.get("tokens", old.tokens)
+        out[name] = Usage(
+            requests=_amount(requests, what=f"{where}.requests", limit=MAX_USAGE_REQUESTS),
+            tokens=_amount(tokens, what=f"{where}.tokens", limit=MAX_USAGE_TOKENS),
+        )
+    return out
+
+
+def merge_usage(
+    previous: dict[str, Usage], reported: dict[str, Usage], *, named: Any = None
+) -> dict[str, Usage]:
+    """The attempt's cumulative usage after ``reported`` (parsed by ``parse_usage``) on
+    top of ``previous``: budgets not reported keep their amounts. ProtocolError if a
+    budget is not among ``named`` (the task's spec.budgets; None: not checked) or an
+    amount is lower than the attempt's previous report (reports are cumulative)."""
+    total = dict(previous)
+    for name, usage in reported.items():
+        if named is not None and name not in named:
+            listed = ", ".join(sorted(named)) or "none"
+            raise ProtocolError(
+                f"usage for budget {name!r}, which the task does not name "
+                f"(its spec.budgets: {listed})"
+            )
+        old = previous.get(name)
+        if old is not None and not usage.covers(old):
+            raise ProtocolError(
+                f"usage of budget {name!r} (requests {usage.requests}, tokens {usage.tokens}) "
+                f"is lower than this attempt's previous report (requests {old.requests}, "
+                f"tokens {old.tokens}); usage is cumulative for the attempt"
+            )
+        total[name] = usage
+    return total
+
+
+def usage_json(usage: dict[str, Usage]) -> dict[str, dict[str, int]]:
+    return {name: {"requests": u.requests, "tokens": u.tokens} for name, u in sorted(usage.items())}
+
+
+def encode_usage(usage: dict[str, Usage]) -> str:
+    """The ``agentq.dev/usage`` annotation: every budget with both amounts, sorted."""
+    return json.dumps(usage_json(usage), separators=(",", ":"), sort_keys=True)
+
+
+def decode_usage(text: str) -> dict[str, Usage]:
+    """An ``agentq.dev/usage`` annotation, STRICTLY (``parse_usage``); ProtocolError."""
+    if len(text) > MAX_REPORT_BYTES:
+        raise ProtocolError(f"usage annotation is over {MAX_REPORT_BYTES} bytes")
+    return parse_usage(decode_json(text, what="usage annotation"), what="usage annotation")
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """A provider's 429 an agent reported: pause ``budget`` for ``retry_after_seconds``
+    (from when the operator reads it). ``id`` is unique per report, so the operator
+    applies each once however often it sees the annotation."""
+
+    budget: str
+    retry_after_seconds: float
+    id: str
+
+    def encode(self) -> str:
+        return json.dumps(
+            {"budget": self.budget, "retryAfterSeconds": self.retry_after_seconds, "id": self.id},
+            separators=(",", ":"),
+            sort_keys=True,
+        )
+
+    @classmethod
+    def decode(cls, text: str) -> Throttle:
+        """An ``agentq.dev/throttled`` annotation, STRICTLY; ProtocolError says why."""
+        if len(text) > MAX_PROGRESS_BYTES:
+            raise ProtocolError(f"throttled annotation is over {MAX_PROGRESS_BYTES} bytes")
+        body = decode_json(text, what="throttled annotation")
+        if not isinstance(body, dict):
+            raise ProtocolError("throttled annotation is not a JSON object")
+        unknown = sorted(set(body) - {"budget", "retryAfterSeconds", "id"})
+        if unknown:
+            raise ProtocolError(f"throttled annotation has unknown field(s) {unknown[:5]}")
+        ident = body.get("id")
+        if not isinstance(ident, str) or not 1 <= len(ident) <= MAX_THROTTLE_ID_CHARS:
+            raise ProtocolError(
+                f"throttled annotation id must be a string of 1 to {MAX_THROTTLE_ID_CHARS} "
+                f"characters, not {ident!r}"[:300]
+            )
+        budget, seconds = parse_throttle(
+            {"budget": body.get("budget"), "retryAfterSeconds": body.get("retryAfterSeconds")},
+            what="throttled annotation",
+        )
+        return cls(budget=budget, retry_after_seconds=seconds, id=ident)
+
+
+def parse_throttle(value: Any, *, what: str = "throttled", names: bool = True) -> tuple[str, float]:
+    """A throttle as an agent sends it (``{"budget", "retryAfterSeconds"}``, decoded)
+    STRICTLY: a budget's name and a number of seconds in ``(0, MAX_RETRY_AFTER_SECONDS]``
+    (an integer, or a finite fraction). Returns ``(budget, seconds)``; ProtocolError.
+    ``names=False``: the budget need only be a string (see ``parse_usage``)."""
+    if not isinstance(value, dict):
+        raise ProtocolError(
+            f"{what} must be an object with budget and retryAfterSeconds, "
+            f"not {type(value).__name__}"
+        )
+    unknown = sorted(set(value) - {"budget", "retryAfterSeconds"})
+    if unknown:
+        raise ProtocolError(
+            f"{what} has unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
+            "allowed: budget, retryAfterSeconds"
+        )
+    if "budget" not in value or "retryAfterSeconds" not in value:
+        raise ProtocolError(f"{what} needs both budget and retryAfterSeconds")
+    budget = value["budget"]
+    if names or not isinstance(budget, str):
+        check_budget_name(budget, what=f"{what}.budget")
+    seconds = value["retryAfterSeconds"]
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise ProtocolError(
+            f"{what}.retryAfterSeconds must be a number of seconds, not {seconds!r}"[:300]
+        )
+    if not (0 < seconds <= MAX_RETRY_AFTER_SECONDS):  # NaN fails this too
+        raise ProtocolError(
+            f"{what}.retryAfterSeconds must be above 0 and at most "
+            f"{MAX_RETRY_AFTER_SECONDS}, not {seconds}"
+        )
+    return budget, seconds
+
+
+def lease_usage(annotations: dict[str, str] | None) -> dict[str, Usage] | None:
+    """The usage a task Lease carries (None: absent, or not what a sidecar writes)."""
+    text = (annotations or {}).get(ANNOTATION_USAGE)
+    if text is None:
+        return None
+    try:
+        return decode_usage(text)
+    except ProtocolError:
+        return None
+
+
+def lease_throttle(annotations: dict[str, str] | None) -> Throttle | None:
+    """The throttle a task Lease carries (None: absent, or not what a sidecar writes)."""
+    text = (annotations or {}).get(ANNOTATION_THROTTLED)
+    if text is None:
+        return None
+    try:
+        return Throttle.decode(text)
+    except ProtocolError:
+        return None

@@ -5,6 +5,7 @@ thread, LeaseLost raised in the agent when fenced."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import socket
 import threading
@@ -46,6 +47,7 @@ class FakeSidecar:
         self.sockets: list[socket.socket] = []  # their server ends
         self.drop_idle = False  # close each connection after its answer, without saying so
         self.refuse_until = False  # answer ``until`` 400, as a sidecar that predates it
+        self.refuse_usage = False  # answer a heartbeat with usage 400 InvalidUsage
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -111,6 +113,9 @@ class FakeSidecar:
                     return
                 if self.path.endswith("/heartbeat"):
                     fake.beats.append(body)
+                    if fake.refuse_usage and "usage" in body:
+                        self._answer(400, {"error": "InvalidUsage", "message": "lower"})
+                        return
                     if len(fake.beats) == fake.cut_beat:
                         self._cut()
                         return
@@ -445,3 +450,107 @@ def test_a_sidecar_that_predates_offers_only_gets_plain_long_polls(fake: FakeSid
         "/v1/assignments?wait=5&after=2&until=offers",
         "/v1/assignments?wait=5&after=2",
     ]
+
+
+# -- budgets: usage and throttles ------------------------------------------------------------
+
+BUDGETED = {
+    **ASSIGNMENT,
+    "budgets": [
+        {"name": "openai", "requests": 1, "tokens": 1000},
+        {"name": "search", "requests": 1, "tokens": 0},
+    ],
+}
+
+
+def test_record_usage_sends_the_running_total_with_the_beats_and_the_report(
+    fake: FakeSidecar,
+) -> None:
+    client = SidecarClient(fake.url)
+    assignment = Assignment.of(BUDGETED)
+    assert assignment.budgets == ("openai", "search")
+    with client.hold(assignment, beat_seconds=0.05) as lease:
+        lease.record_usage("openai", tokens=300)
+        assert lease.record_usage("openai", requests=2, tokens=200) == {
+            "openai": {"requests": 3, "tokens": 500}
+        }
+        time.sleep(0.3)
+        lease.record_usage("search")
+        lease.complete({"ok": True})
+    sent = [beat["usage"] for beat in fake.beats if "usage" in beat]
+    # Cumulative, and sent only when it changed (not with every beat).
+    assert {"openai": {"requests": 3, "tokens": 500}} in sent
+    assert all(a != b for a, b in itertools.pairwise(sent))
+    assert fake.reports == [
+        (
+            "complete",
+            {
+                "token": 41,
+                "result": {"ok": True},
+                "usage": {
+                    "openai": {"requests": 3, "tokens": 500},
+                    "search": {"requests": 1, "tokens": 0},
+                },
+            },
+        )
+    ]
+
+
+def test_bad_usage_is_refused_by_the_sdk_before_it_is_sent(fake: FakeSidecar) -> None:
+    client = SidecarClient(fake.url)
+    with client.hold(Assignment.of(BUDGETED)) as lease:
+        for budget, requests, tokens in (
+            ("anthropic", 1, 0),  # not named by the task
+            ("openai", -1, 0),
+            ("openai", 1, 1.5),
+            ("openai", True, 0),
+            ("openai", 0, 10**12 + 1),
+        ):
+            with pytest.raises(ValueError):
+                lease.record_usage(budget, requests=requests, tokens=tokens)  # type: ignore[arg-type]
+        assert lease.usage() == {}
+        with pytest.raises(ValueError):
+            lease.throttled("openai", 0)
+        with pytest.raises(ValueError):
+            lease.throttled("anthropic", 5)
+        lease.fail("Boom")
+    assert fake.reports == [
+        ("fail", {"token": 41, "reason": "Boom", "message": "", "retryable": True})
+    ]
+
+
+def test_throttled_is_sent_at_once_with_the_usage_so_far(fake: FakeSidecar) -> None:
+    client = SidecarClient(fake.url)
+    with client.hold(Assignment.of(BUDGETED), beat_seconds=60) as lease:
+        lease.record_usage("openai", tokens=10)
+        lease.throttled("openai", 20)
+        lease.throttled("openai", 86400)  # a day's quota: asked as the longest pause
+        lease.complete()
+    throttles = [beat for beat in fake.beats if "throttled" in beat]
+    assert throttles == [
+        {
+            "token": 41,
+            "usage": {"openai": {"requests": 1, "tokens": 10}},
+            "throttled": {"budget": "openai", "retryAfterSeconds": 20},
+        },
+        {
+            "token": 41,
+            "usage": {"openai": {"requests": 1, "tokens": 10}},
+            "throttled": {"budget": "openai", "retryAfterSeconds": 3600},
+        },
+    ]
+
+
+def test_usage_the_sidecar_refuses_does_not_cost_the_lease(fake: FakeSidecar) -> None:
+    fake.refuse_usage = True
+    client = SidecarClient(fake.url)
+    assignment = Assignment.of({**ASSIGNMENT, "leaseDurationSeconds": 0.6})  # no budgets said
+    assert assignment.budgets is None
+    with client.hold(assignment, beat_seconds=0.05) as lease:
+        lease.record_usage("openai", tokens=10)
+        time.sleep(1.0)  # past the lease duration: beats kept it
+        lease.check()
+    assert lease.usage_error is not None and lease.usage_error.code == "InvalidUsage"
+    with_usage = [beat for beat in fake.beats if "usage" in beat]
+    assert len(with_usage) == 1  # not sent again unchanged
+    assert len(fake.beats) > 5

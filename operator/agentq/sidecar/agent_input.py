@@ -111,6 +111,49 @@ def _string(body: dict[str, Any], field: str, *, limit: int, required: bool = Fa
     return value
 
 
+def invalid_usage(message: str) -> AgentError:
+    return AgentError(400, "InvalidUsage", message, field="usage")
+
+
+def invalid_throttle(message: str) -> AgentError:
+    return AgentError(400, "InvalidThrottle", message, field="throttled")
+
+
+@dataclass(frozen=True)
+class ThrottleRequest:
+    """A provider's 429 the agent reports: pause ``budget`` for ``retry_after`` seconds."""
+
+    budget: str
+    retry_after: float
+
+
+def _usage(body: dict[str, Any]) -> dict[str, protocol.Usage] | None:
+    """``usage`` as sent, its shape checked (the attempt's own checks come later:
+    ``Attempts.check_usage``). Amounts left out are filled in there."""
+    value = body.get("usage")
+    if value is None:
+        return None
+    try:
+        # Parsed against "no previous report": an amount left out reads as 0 here and is
+        # taken from the attempt's previous report by ``Attempts.check_usage``.
+        protocol.parse_usage(value, names=False)
+    except protocol.ProtocolError as err:
+        raise invalid_usage(str(err)) from None
+    usage: dict[str, Any] = value
+    return usage
+
+
+def _throttle(body: dict[str, Any]) -> ThrottleRequest | None:
+    value = body.get("throttled")
+    if value is None:
+        return None
+    try:
+        budget, seconds = protocol.parse_throttle(value, names=False)
+    except protocol.ProtocolError as err:
+        raise invalid_throttle(str(err)) from None
+    return ThrottleRequest(budget, float(seconds))
+
+
 def _check_json_value(value: Any) -> None:
     try:
         json.dumps(value, allow_nan=False)
@@ -122,10 +165,12 @@ def _check_json_value(value: Any) -> None:
 class Heartbeat:
     token: int
     progress: str | None
+    usage: dict[str, Any] | None = None  # as sent (shape checked)
+    throttled: ThrottleRequest | None = None
 
 
 def heartbeat(body: dict[str, Any]) -> Heartbeat:
-    _only(body, {"token", "progress"})
+    _only(body, {"token", "progress", "usage", "throttled"})
     token = _token(body)
     progress = _string(body, "progress", limit=protocol.MAX_PROGRESS_BYTES)
     if progress is not None:
@@ -133,7 +178,7 @@ def heartbeat(body: dict[str, Any]) -> Heartbeat:
             protocol.check_progress(progress)
         except protocol.ProtocolError as err:
             raise unprocessable(str(err), field="progress") from None
-    return Heartbeat(token, progress)
+    return Heartbeat(token, progress, _usage(body), _throttle(body))
 
 
 @dataclass(frozen=True)
@@ -141,25 +186,28 @@ class Completion:
     token: int
     result: Any
     result_ref: str | None
+    usage: dict[str, Any] | None = None
 
 
 def complete(body: dict[str, Any]) -> Completion:
-    _only(body, {"token", "result", "resultRef"})
+    _only(body, {"token", "result", "resultRef", "usage"})
     token = _token(body)
     result = body.get("result")
     _check_json_value(result)
     ref = _string(body, "resultRef", limit=protocol.MAX_RESULT_REF_CHARS)
-    return Completion(token, result, ref)
+    return Completion(token, result, ref, _usage(body))
 
 
 @dataclass(frozen=True)
 class Failure:
     token: int
     error: protocol.ErrorInfo
+    usage: dict[str, Any] | None = None
+    throttled: ThrottleRequest | None = None
 
 
 def fail(body: dict[str, Any]) -> Failure:
-    _only(body, {"token", "reason", "message", "retryable"})
+    _only(body, {"token", "reason", "message", "retryable", "usage", "throttled"})
     token = _token(body)
     reason = _string(body, "reason", limit=protocol.MAX_REASON_CHARS, required=True)
     if not reason or not reason.strip():
@@ -168,7 +216,12 @@ def fail(body: dict[str, Any]) -> Failure:
     retryable = body.get("retryable", True)
     if not isinstance(retryable, bool):
         raise bad(f"field 'retryable' must be true or false, not {type(retryable).__name__}")
-    return Failure(token, protocol.ErrorInfo(reason=reason, message=message, retryable=retryable))
+    return Failure(
+        token,
+        protocol.ErrorInfo(reason=reason, message=message, retryable=retryable),
+        _usage(body),
+        _throttle(body),
+    )
 
 
 def wait_seconds(raw: str | None) -> float:

@@ -15,8 +15,10 @@ and the server goes on.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -257,8 +259,14 @@ class AgentApi:
         beat = agent_input.heartbeat(await self._body(request))
         if self.stopping:
             raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
-        self._find(task, beat.token)
-        attempt = self.attempts.beat(task, beat.token, beat.progress, self.clock.monotonic())
+        found = self._find(task, beat.token)
+        # Checked against the attempt before anything is recorded: a refused report
+        # changes nothing, and nothing invalid reaches the Lease.
+        usage = found.check_usage(beat.usage) if beat.usage is not None else None
+        throttle = self._throttle(found, beat.throttled)
+        attempt = self.attempts.beat(
+            task, beat.token, beat.progress, self.clock.monotonic(), usage=usage, throttle=throttle
+        )
         metrics.HEARTBEATS.inc()
         self.changes.notify()
         return _json(self._describe(attempt))
@@ -274,7 +282,7 @@ class AgentApi:
             result=done.result,
             result_ref=done.result_ref,
         )
-        return await self._report(task, done.token, report)
+        return await self._report(task, done.token, report, done.usage)
 
     async def fail(self, request: web.Request) -> web.Response:
         task = agent_input.task_name(request.match_info["task"])
@@ -283,21 +291,57 @@ class AgentApi:
         report = protocol.Report(
             token=failed.token, worker=self.worker, outcome="Failed", error=failed.error
         )
-        return await self._report(task, failed.token, report)
+        return await self._report(task, failed.token, report, failed.usage, failed.throttled)
 
-    async def _report(self, task: str, token: int, report: protocol.Report) -> web.Response:
-        text = agent_input.encode_report(report)
+    def _throttle(
+        self, attempt: Attempt, asked: agent_input.ThrottleRequest | None
+    ) -> protocol.Throttle | None:
+        """The throttle to write (a fresh id: the operator applies each once), or None."""
+        if asked is None:
+            return None
+        ident = f"{attempt.token}-{secrets.token_hex(8)}"
+        return attempt.check_throttle(asked.budget, asked.retry_after, ident)
+
+    async def _report(
+        self,
+        task: str,
+        token: int,
+        report: protocol.Report,
+        usage: dict[str, Any] | None = None,
+        throttled: agent_input.ThrottleRequest | None = None,
+    ) -> web.Response:
+        agent_input.encode_report(report)  # too large already without its usage: 413
         if self.stopping:
             raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
         try:
             attempt = self._find(task, token)
         except AgentError:
-            if self.attempts.ended_report(task, token) == text:
+            ended = self.attempts.ended_report(task, token)
+            if ended is not None and ended == self._ended_text(task, token, report, usage):
                 # The same report again, after the operator already ended the attempt.
                 return _json({"task": task, "token": token, "state": "reported"})
             raise
-        await self.renewer.report(attempt, report)
+        # The final usage: what the agent reported before, with this report's on top
+        # (400 InvalidUsage / InvalidThrottle before anything is written).
+        total = attempt.check_usage(usage) if usage is not None else attempt.usage
+        throttle = self._throttle(attempt, throttled)
+        report = dataclasses.replace(report, usage=dict(total) or None)
+        agent_input.encode_report(report)
+        await self.renewer.report(attempt, report, throttle)
         return _json(self._describe(attempt))
+
+    def _ended_text(
+        self, task: str, token: int, report: protocol.Report, usage: dict[str, Any] | None
+    ) -> str | None:
+        """The report as it would have been written for an attempt that has ended."""
+        before = self.attempts.ended_usage(task, token)
+        try:
+            total = before
+            if usage is not None:
+                total = protocol.merge_usage(before, protocol.parse_usage(usage, previous=before))
+            return dataclasses.replace(report, usage=dict(total) or None).encode()
+        except protocol.ProtocolError:
+            return None
 
     # -- health ---------------------------------------------------------------------------
 

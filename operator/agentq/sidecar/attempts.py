@@ -53,6 +53,8 @@ State = Literal["pending", "active", "reported"]
 
 # The least time from a grant to its first renewal (see the module docstring).
 FIRST_RENEWAL_SECONDS = 1.0
+# How many throttles an attempt keeps waiting for a write (one per budget at most).
+MAX_PENDING_THROTTLES = protocol.MAX_USAGE_BUDGETS
 # How many ended attempts are remembered, so a zombie agent asking about one is told
 # "lost" (409) rather than "unknown" (404).
 ENDED_MEMORY = 4096
@@ -213,6 +215,13 @@ class Attempt:
     told: bool = False  # the agent was answered that it is revoked
     releasing: bool = False  # the Lease is being let go
     task_namespace: str | None = None  # a cross-namespace claim: the task's namespace
+    # The budgets the task names (spec.budgets): name -> (requests, tokens) estimated.
+    budgets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # What the agent reported spent so far, cumulative (docs/budgets.md); goes on the
+    # Lease as agentq.dev/usage with the next write.
+    usage: dict[str, protocol.Usage] = field(default_factory=dict)
+    # Throttles reported and not yet written (oldest first): each makes a write at once.
+    throttles: list[protocol.Throttle] = field(default_factory=list)
 
     @property
     def cross(self) -> bool:
@@ -231,7 +240,13 @@ class Attempt:
 
     def due_at(self) -> float | None:
         """When the next renewal is due, or None while none is wanted (see the module doc)."""
-        if self.state != "active" or self.writes or self.beat_at is None or self.revoked:
+        if self.state != "active" or self.writes or self.revoked:
+            return None
+        if self.throttles:
+            # A provider's 429 pauses the budget for everyone: written at once, with
+            # whatever else is new, whatever the cadence.
+            return self.retry_at
+        if self.beat_at is None:
             return None
         if self.renewed_at is None:
             # The first beat renews (the attempt is Running), a short while after the grant.
@@ -264,7 +279,57 @@ class Attempt:
         }
         if self.progress is not None:
             out["progress"] = self.progress
+        if self.state != "pending":
+            out["budgets"] = [
+                {"name": name, "requests": requests, "tokens": tokens}
+                for name, (requests, tokens) in sorted(self.budgets.items())
+            ]
+        if self.usage:
+            out["usage"] = protocol.usage_json(self.usage)
         return out
+
+    def check_usage(self, reported: Any) -> dict[str, protocol.Usage]:
+        """The attempt's cumulative usage after ``reported`` (the request's ``usage``,
+        as sent), or 400 ``InvalidUsage``: a bad shape or amount, a budget the task does
+        not name, an amount lower than its previous report. Changes nothing."""
+        try:
+            parsed = protocol.parse_usage(reported, previous=self.usage)
+            return protocol.merge_usage(self.usage, parsed, named=self.budgets)
+        except protocol.ProtocolError as err:
+            raise AgentError(
+                400, "InvalidUsage", str(err), field="usage", task=self.task, token=self.token
+            ) from None
+
+    def check_throttle(self, budget: str, seconds: float, ident: str) -> protocol.Throttle:
+        """The throttle to write, or 400 ``InvalidThrottle`` for a budget the task does
+        not name (its shape is checked by ``agent_input``). Changes nothing."""
+        if budget not in self.budgets:
+            listed = ", ".join(sorted(self.budgets)) or "none"
+            raise AgentError(
+                400,
+                "InvalidThrottle",
+                f"throttled for budget {budget!r}, which the task does not name "
+                f"(its spec.budgets: {listed})",
+                field="throttled",
+                task=self.task,
+                token=self.token,
+            )
+        return protocol.Throttle(budget=budget, retry_after_seconds=seconds, id=ident)
+
+    def add_throttle(self, throttle: protocol.Throttle) -> None:
+        """Keep ``throttle`` for the next write; one waiting for the same budget is
+        replaced by whichever asks the longer pause."""
+        for i, waiting in enumerate(self.throttles):
+            if waiting.budget == throttle.budget:
+                if throttle.retry_after_seconds >= waiting.retry_after_seconds:
+                    self.throttles[i] = throttle
+                return
+        self.throttles.append(throttle)
+        del self.throttles[:-MAX_PENDING_THROTTLES]
+
+    def throttle_written(self, throttle: protocol.Throttle | None) -> None:
+        if throttle is not None and throttle in self.throttles:
+            self.throttles.remove(throttle)
 
 
 @dataclass(frozen=True)
@@ -276,6 +341,7 @@ class Ended:
     reason: str
     report: str | None = None
     revoked: str | None = None
+    usage: dict[str, protocol.Usage] = field(default_factory=dict)  # as last reported
 
 
 @dataclass
@@ -346,6 +412,9 @@ class Attempts:
             uid=view.task_uid,
             revoked=view.revoked,
             task_namespace=view.task_namespace,
+            # A sidecar restarted in the pod takes the attempt back with what its agent
+            # reported so far: a later report may not be lower.
+            usage=protocol.lease_usage((lease.get("metadata") or {}).get("annotations")) or {},
         )
         if view.duration:
             attempt.lease_seconds = view.duration
@@ -393,6 +462,7 @@ class Attempts:
         payload: Any,
         lease_seconds: float,
         heartbeat_seconds: float,
+        budgets: dict[str, tuple[int, int]] | None = None,
     ) -> bool:
         """The task was read: the attempt is offered to the agent. False if it is stale."""
         if self.current.get(attempt.task) is not attempt or attempt.state != "pending":
@@ -404,6 +474,7 @@ class Attempts:
         attempt.payload = payload
         attempt.lease_seconds = lease_seconds
         attempt.heartbeat_seconds = heartbeat_seconds
+        attempt.budgets = dict(budgets or {})
         attempt.state = "active"
         self.version += 1
         if attempt.revoked is None:
@@ -469,14 +540,33 @@ class Attempts:
             404, "UnknownTask", f"task {task} is not assigned to worker {self.worker}", task=task
         )
 
-    def beat(self, task: str, token: int, progress: str | None, now: float) -> Attempt:
+    def beat(
+        self,
+        task: str,
+        token: int,
+        progress: str | None,
+        now: float,
+        *,
+        usage: dict[str, protocol.Usage] | None = None,
+        throttle: protocol.Throttle | None = None,
+    ) -> Attempt:
+        """A heartbeat; ``usage`` (the new cumulative total, from ``check_usage``) and
+        ``throttle`` (from ``check_throttle``) ride the next write."""
         attempt = self.find(task, token)
         if attempt.state == "active":
             attempt.beat_at = now
             attempt.beats += 1
             if progress is not None:
                 attempt.progress = progress
+            if usage is not None:
+                attempt.usage = usage
+            if throttle is not None:
+                attempt.add_throttle(throttle)
         return attempt
+
+    def ended_usage(self, task: str, token: int) -> dict[str, protocol.Usage]:
+        ended = self.ended.get((task, token))
+        return ended.usage if ended is not None else {}
 
     def ended_report(self, task: str, token: int) -> str | None:
         ended = self.ended.get((task, token))
@@ -490,8 +580,18 @@ class Attempts:
         attempt.failures = 0
         attempt.retry_at = 0.0
 
-    def reported(self, attempt: Attempt, lease: Body, report: str, sent_at: float) -> None:
+    def reported(
+        self,
+        attempt: Attempt,
+        lease: Body,
+        report: str,
+        sent_at: float,
+        usage: dict[str, protocol.Usage] | None = None,
+    ) -> None:
         self.renewed(attempt, lease, sent_at)
+        if usage is not None:
+            attempt.usage = usage
+        attempt.throttles.clear()  # the report's write carried the one it could
         attempt.report = report
         attempt.state = "reported"
         self.version += 1
@@ -554,6 +654,8 @@ class Attempts:
             and annotations.get(protocol.ANNOTATION_REPORT) == sent
         ):
             attempt.report = sent
+            attempt.usage = protocol.lease_usage(annotations) or attempt.usage
+            attempt.throttles.clear()
             attempt.state = "reported"
             self.version += 1
 
@@ -561,7 +663,7 @@ class Attempts:
         withdrawn = attempt.state == "active" and attempt.revoked is None
         del self.current[attempt.task]
         self.ended[(attempt.task, attempt.token)] = Ended(
-            attempt.task, attempt.token, reason, attempt.report, attempt.revoked
+            attempt.task, attempt.token, reason, attempt.report, attempt.revoked, attempt.usage
         )
         while len(self.ended) > ENDED_MEMORY:
             self.ended.popitem(last=False)

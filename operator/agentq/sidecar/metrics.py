@@ -44,6 +44,11 @@ REPORTS = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+THROTTLES = Counter(
+    "agentq_sidecar_throttles_total",
+    "Throttles (a provider's 429 with retry-after) the agent reported, written on task Leases.",
+    registry=REGISTRY,
+)
 AGENT_ERRORS = Counter(
     "agentq_sidecar_agent_errors_total",
     "Requests from the agent answered with an error, by error code.",

@@ -108,9 +108,13 @@ class Renewer:
                 if attempt.state != "active" or not self.keeper.held(self.clock.monotonic()):
                     return
                 progress = attempt.progress
+                usage = attempt.usage
+                throttle = attempt.throttles[0] if attempt.throttles else None
                 try:
                     lease, sent, requests = await self._write(
-                        attempt, lambda body: self._renewal(body, progress), counted=True
+                        attempt,
+                        lambda body: self._renewal(body, progress, usage, throttle),
+                        counted=True,
                     )
                 except _Lost as lost:
                     self._lost(attempt, str(lost))
@@ -130,6 +134,9 @@ class Renewer:
                     return
                 if self.attempts.current.get(attempt.task) is attempt:
                     self.attempts.renewed(attempt, lease, sent)
+                    attempt.throttle_written(throttle)
+                if throttle is not None:
+                    metrics.THROTTLES.inc()
                 self.renewals += 1
                 metrics.RENEWALS.labels("ok").inc()
                 metrics.RENEWAL_REQUESTS.observe(requests)
@@ -165,19 +172,38 @@ class Renewer:
         finally:
             self.changes.notify()
 
-    def _renewal(self, body: Body, progress: str | None) -> None:
+    def _renewal(
+        self,
+        body: Body,
+        progress: str | None,
+        usage: dict[str, protocol.Usage] | None = None,
+        throttle: protocol.Throttle | None = None,
+    ) -> None:
+        """A renewal, with what the agent said since the last write: the progress
+        marker, its usage (cumulative) and a throttle. Unchanged ones are rewritten as
+        they are: no write is made for them alone (but a throttle: ``due_at``)."""
         body.setdefault("spec", {})["renewTime"] = micro_rfc3339(self.clock.now())
+        extra: dict[str, str] = {}
         if progress is not None:
+            extra[protocol.ANNOTATION_PROGRESS] = progress
+        if usage:
+            extra[protocol.ANNOTATION_USAGE] = protocol.encode_usage(usage)
+        if throttle is not None:
+            extra[protocol.ANNOTATION_THROTTLED] = throttle.encode()
+        if extra:
             meta = body.setdefault("metadata", {})
-            meta["annotations"] = {
-                **(meta.get("annotations") or {}),
-                protocol.ANNOTATION_PROGRESS: progress,
-            }
+            meta["annotations"] = {**(meta.get("annotations") or {}), **extra}
 
     # -- reports ---------------------------------------------------------------------------
 
-    async def report(self, attempt: Attempt, report: protocol.Report) -> None:
-        """Write the attempt's report on its Lease; raises the AgentError to answer."""
+    async def report(
+        self,
+        attempt: Attempt,
+        report: protocol.Report,
+        throttle: protocol.Throttle | None = None,
+    ) -> None:
+        """Write the attempt's report on its Lease (with its final usage, and
+        ``throttle`` or else one still waiting); raises the AgentError to answer."""
         text = report.encode()
         attempt.writes += 1
         try:
@@ -192,8 +218,11 @@ class Renewer:
                         return
                     raise self.attempts_error(attempt)
 
+                usage = report.usage or attempt.usage
+                throttle = throttle or (attempt.throttles[0] if attempt.throttles else None)
+
                 def change(body: Body) -> None:
-                    self._renewal(body, attempt.progress)
+                    self._renewal(body, attempt.progress, usage, throttle)
                     meta = body.setdefault("metadata", {})
                     meta["annotations"] = {
                         **(meta.get("annotations") or {}),
@@ -213,8 +242,10 @@ class Renewer:
                         f"could not write the report on the Lease ({err}); retry the same "
                         "request (it is idempotent)",
                     ) from err
-                self.attempts.reported(attempt, lease, text, sent)
+                self.attempts.reported(attempt, lease, text, sent, usage)
                 metrics.REPORTS.labels(report.outcome).inc()
+                if throttle is not None:
+                    metrics.THROTTLES.inc()
                 log.info(
                     "task %s: reported %s (token %s)", attempt.task, report.outcome, attempt.token
                 )

@@ -240,10 +240,12 @@ class TaskLeaseWatcher:
         spec = task.get("spec") or {}
         lease_seconds = attempt.lease_seconds
         heartbeat = attempt.heartbeat_seconds
+        budgets: dict[str, tuple[int, int]] = {}
         try:
             parsed = AgentTaskSpec.model_validate(spec)
             lease_seconds = float(parsed.lease_duration_seconds)
             heartbeat = parsed.effective_heartbeat_interval_seconds
+            budgets = {b.name: (b.requests, b.tokens) for b in parsed.budgets or ()}
         except ValidationError as err:
             # The API server validated it; a spec we cannot read keeps the Lease's timing.
             log.warning("task %s: unreadable spec (%s); using the Lease's duration", task, err)
@@ -257,6 +259,7 @@ class TaskLeaseWatcher:
             payload=spec.get("payload"),
             lease_seconds=lease_seconds,
             heartbeat_seconds=heartbeat,
+            budgets=budgets,
         ):
             log.info(
                 "task %s assigned (attempt %s, token %s)",

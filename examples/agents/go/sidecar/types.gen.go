@@ -62,8 +62,11 @@ func (e ListAssignmentsParamsUntil) Valid() bool {
 
 // Assignment defines model for Assignment.
 type Assignment struct {
-	Attempt                  int     `json:"attempt"`
-	HeartbeatIntervalSeconds float32 `json:"heartbeatIntervalSeconds"`
+	Attempt int `json:"attempt"`
+
+	// Budgets The AgentBudgets the task names (its spec.budgets) with the attempt's estimates; the only budgets `usage` and `throttled` may name.
+	Budgets                  *[]BudgetEstimate `json:"budgets,omitempty"`
+	HeartbeatIntervalSeconds float32           `json:"heartbeatIntervalSeconds"`
 
 	// LeaseDeadline When the lease runs out unless renewed (the sidecar's conservative view; the operator judges on its own clock).
 	LeaseDeadline         time.Time `json:"leaseDeadline"`
@@ -84,8 +87,11 @@ type Assignment struct {
 	Token Token `json:"token"`
 
 	// Uid The AgentTask's UID (distinguishes a re-created task of the same name).
-	Uid    *string `json:"uid,omitempty"`
-	Worker string  `json:"worker"`
+	Uid *string `json:"uid,omitempty"`
+
+	// Usage What the attempt reported so far (cumulative), by budget.
+	Usage  *map[string]BudgetUsage `json:"usage,omitempty"`
+	Worker string                  `json:"worker"`
 }
 
 // AssignmentState defines model for Assignment.State.
@@ -99,6 +105,22 @@ type AssignmentList struct {
 	Worker      string       `json:"worker"`
 }
 
+// BudgetEstimate defines model for BudgetEstimate.
+type BudgetEstimate struct {
+	Name     BudgetName `json:"name"`
+	Requests int        `json:"requests"`
+	Tokens   int        `json:"tokens"`
+}
+
+// BudgetName defines model for BudgetName.
+type BudgetName = string
+
+// BudgetUsage defines model for BudgetUsage.
+type BudgetUsage struct {
+	Requests *int `json:"requests,omitempty"`
+	Tokens   *int `json:"tokens,omitempty"`
+}
+
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
 	// Result Any JSON value. The whole report must encode to at most 64 KiB; store bigger results in your own (fenced) sink and send `resultRef`.
@@ -109,13 +131,16 @@ type CompleteRequest struct {
 
 	// Token The attempt's fencing token (from the assignment). Strictly greater than every token issued before; never assume it is 1, 2, 3.
 	Token Token `json:"token"`
+
+	// Usage What the attempt spent of the AgentBudgets its task names (spec.budgets), by budget, CUMULATIVE for the attempt (a report sent twice counts once). An amount left out keeps the attempt's previous report (0 at first), and so does a budget left out. Refused (400 InvalidUsage): a budget the task does not name, an amount lower than the attempt's previous report.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Error defines model for Error.
 type Error struct {
 	CurrentToken *int `json:"currentToken,omitempty"`
 
-	// Error BadRequest, NotFound, MethodNotAllowed, UnknownTask, LeaseLost, StaleToken, AttemptEnded, AlreadyReported, Cancelled, DeadlineExceeded, PayloadTooLarge, Unprocessable, NotReady, ShuttingDown, ApiUnavailable, Internal.
+	// Error BadRequest, InvalidUsage, InvalidThrottle, NotFound, MethodNotAllowed, UnknownTask, LeaseLost, StaleToken, AttemptEnded, AlreadyReported, Cancelled, DeadlineExceeded, PayloadTooLarge, Unprocessable, NotReady, ShuttingDown, ApiUnavailable, Internal.
 	Error string `json:"error"`
 
 	// FenceToken With Cancelled / DeadlineExceeded: a token above the attempt's; fence your sink's keys with it so this attempt's later writes are refused.
@@ -138,8 +163,14 @@ type FailRequest struct {
 	// Retryable true: the operator counts a reclaim and dispatches again (or dead-letters after maxReclaims); false: the task ends Failed at once.
 	Retryable *bool `json:"retryable,omitempty"`
 
+	// Throttled The provider of a budget the task names answered 429 with a retry-after: the operator pauses that budget for every task that names it, for that long from when it reads the report. Refused (400 InvalidThrottle) for a budget the task does not name.
+	Throttled *Throttled `json:"throttled,omitempty"`
+
 	// Token The attempt's fencing token (from the assignment). Strictly greater than every token issued before; never assume it is 1, 2, 3.
 	Token Token `json:"token"`
+
+	// Usage What the attempt spent of the AgentBudgets its task names (spec.budgets), by budget, CUMULATIVE for the attempt (a report sent twice counts once). An amount left out keeps the attempt's previous report (0 at first), and so does a budget left out. Refused (400 InvalidUsage): a budget the task does not name, an amount lower than the attempt's previous report.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Health defines model for Health.
@@ -154,8 +185,14 @@ type HeartbeatRequest struct {
 	// Progress An opaque progress marker (at most 1024 bytes of UTF-8). Change it when the work advances; omit it (or null) to keep the last one.
 	Progress *string `json:"progress,omitempty"`
 
+	// Throttled The provider of a budget the task names answered 429 with a retry-after: the operator pauses that budget for every task that names it, for that long from when it reads the report. Refused (400 InvalidThrottle) for a budget the task does not name.
+	Throttled *Throttled `json:"throttled,omitempty"`
+
 	// Token The attempt's fencing token (from the assignment). Strictly greater than every token issued before; never assume it is 1, 2, 3.
 	Token Token `json:"token"`
+
+	// Usage What the attempt spent of the AgentBudgets its task names (spec.budgets), by budget, CUMULATIVE for the attempt (a report sent twice counts once). An amount left out keeps the attempt's previous report (0 at first), and so does a budget left out. Refused (400 InvalidUsage): a budget the task does not name, an amount lower than the attempt's previous report.
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // ReportAccepted defines model for ReportAccepted.
@@ -195,8 +232,19 @@ type Status struct {
 	WorkerLeaseRenewals *int    `json:"workerLeaseRenewals,omitempty"`
 }
 
+// Throttled The provider of a budget the task names answered 429 with a retry-after: the operator pauses that budget for every task that names it, for that long from when it reads the report. Refused (400 InvalidThrottle) for a budget the task does not name.
+type Throttled struct {
+	Budget BudgetName `json:"budget"`
+
+	// RetryAfterSeconds The provider's retry-after, in seconds (above 0, at most an hour).
+	RetryAfterSeconds float32 `json:"retryAfterSeconds"`
+}
+
 // Token The attempt's fencing token (from the assignment). Strictly greater than every token issued before; never assume it is 1, 2, 3.
 type Token = int
+
+// Usage What the attempt spent of the AgentBudgets its task names (spec.budgets), by budget, CUMULATIVE for the attempt (a report sent twice counts once). An amount left out keeps the attempt's previous report (0 at first), and so does a budget left out. Refused (400 InvalidUsage): a budget the task does not name, an amount lower than the attempt's previous report.
+type Usage map[string]BudgetUsage
 
 // Task defines model for Task.
 type Task = string

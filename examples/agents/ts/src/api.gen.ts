@@ -58,7 +58,7 @@ export interface paths {
         put?: never;
         /**
          * The agent is alive and working on this attempt (optionally with progress).
-         * @description Beat at least once per `heartbeatIntervalSeconds` (a third of it is a good period). The sidecar renews the Lease on its own schedule, and only while the agent's last beat is younger than the heartbeat interval. The progress marker travels with the next renewal; with `progressDeadlineSeconds` on the task, a marker that does not change for that long reclaims the task.
+         * @description Beat at least once per `heartbeatIntervalSeconds` (a third of it is a good period). The sidecar renews the Lease on its own schedule, and only while the agent's last beat is younger than the heartbeat interval. The progress marker travels with the next renewal; with `progressDeadlineSeconds` on the task, a marker that does not change for that long reclaims the task. `usage` (the attempt's usage of its task's budgets so far, cumulative) travels with the next renewal too; `throttled` (a provider's 429) is written at once. Both are checked first: 400 InvalidUsage / InvalidThrottle, and nothing is recorded.
          */
         post: operations["heartbeat"];
         delete?: never;
@@ -81,7 +81,7 @@ export interface paths {
         put?: never;
         /**
          * Report success, with a result (any JSON) and/or a reference to it.
-         * @description Answers 200 once the report is written on the claim's Lease; the operator commits it to the task if the token is still the current one. Repeating the same report is harmless (200); a different one is refused (409).
+         * @description Answers 200 once the report is written on the claim's Lease; the operator commits it to the task if the token is still the current one. Repeating the same report is harmless (200); a different one is refused (409). The report carries the attempt's final usage: what it reported before, with this request's `usage` on top.
          */
         post: operations["complete"];
         delete?: never;
@@ -171,6 +171,8 @@ export interface components {
             token: components["schemas"]["Token"];
             /** @description An opaque progress marker (at most 1024 bytes of UTF-8). Change it when the work advances; omit it (or null) to keep the last one. */
             progress?: string | null;
+            usage?: components["schemas"]["Usage"];
+            throttled?: components["schemas"]["Throttled"];
         };
         CompleteRequest: {
             token: components["schemas"]["Token"];
@@ -178,6 +180,7 @@ export interface components {
             result?: unknown;
             /** @description Where the result is (a URI or key in your sink). */
             resultRef?: string | null;
+            usage?: components["schemas"]["Usage"];
         };
         FailRequest: {
             token: components["schemas"]["Token"];
@@ -190,6 +193,28 @@ export interface components {
              * @default true
              */
             retryable?: boolean;
+            usage?: components["schemas"]["Usage"];
+            throttled?: components["schemas"]["Throttled"];
+        };
+        /** @description What the attempt spent of the AgentBudgets its task names (spec.budgets), by budget, CUMULATIVE for the attempt (a report sent twice counts once). An amount left out keeps the attempt's previous report (0 at first), and so does a budget left out. Refused (400 InvalidUsage): a budget the task does not name, an amount lower than the attempt's previous report. */
+        Usage: {
+            [key: string]: components["schemas"]["BudgetUsage"];
+        } | null;
+        BudgetUsage: {
+            requests?: number;
+            tokens?: number;
+        };
+        /** @description The provider of a budget the task names answered 429 with a retry-after: the operator pauses that budget for every task that names it, for that long from when it reads the report. Refused (400 InvalidThrottle) for a budget the task does not name. */
+        Throttled: {
+            budget: components["schemas"]["BudgetName"];
+            /** @description The provider's retry-after, in seconds (above 0, at most an hour). */
+            retryAfterSeconds: number;
+        } | null;
+        BudgetName: string;
+        BudgetEstimate: {
+            name: components["schemas"]["BudgetName"];
+            requests: number;
+            tokens: number;
         };
         Assignment: {
             task: string;
@@ -214,6 +239,12 @@ export interface components {
             /** @description Whether the sidecar has renewed the Lease for this attempt yet. */
             renewed: boolean;
             progress?: string;
+            /** @description The AgentBudgets the task names (its spec.budgets) with the attempt's estimates; the only budgets `usage` and `throttled` may name. */
+            budgets?: components["schemas"]["BudgetEstimate"][];
+            /** @description What the attempt reported so far (cumulative), by budget. */
+            usage?: {
+                [key: string]: components["schemas"]["BudgetUsage"];
+            };
         };
         AssignmentList: {
             worker: string;
@@ -230,7 +261,7 @@ export interface components {
             [key: string]: unknown;
         };
         Error: {
-            /** @description BadRequest, NotFound, MethodNotAllowed, UnknownTask, LeaseLost, StaleToken, AttemptEnded, AlreadyReported, Cancelled, DeadlineExceeded, PayloadTooLarge, Unprocessable, NotReady, ShuttingDown, ApiUnavailable, Internal. */
+            /** @description BadRequest, InvalidUsage, InvalidThrottle, NotFound, MethodNotAllowed, UnknownTask, LeaseLost, StaleToken, AttemptEnded, AlreadyReported, Cancelled, DeadlineExceeded, PayloadTooLarge, Unprocessable, NotReady, ShuttingDown, ApiUnavailable, Internal. */
             error: string;
             message: string;
             task?: string;
@@ -297,7 +328,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description Malformed JSON, a wrong type, an unknown field or parameter. */
+        /** @description Malformed JSON, a wrong type, an unknown field or parameter (BadRequest); a bad `usage` (InvalidUsage) or `throttled` (InvalidThrottle). */
         BadRequest: {
             headers: {
                 [name: string]: unknown;

@@ -39,6 +39,12 @@ when that thread next runs Python code; a blocking C call finishes first). When
 the sidecar cannot be reached until past the lease deadline, the lease is
 presumed lost too (the operator will have reclaimed it). ``complete()`` and
 ``fail()`` always ask the sidecar, which is the only judge of the claim.
+
+Budgets (docs/budgets.md): ``lease.record_usage("openai", requests=1, tokens=812)``
+after each call to a provider adds to the attempt's running total, which the
+heartbeats and the report send (cumulative); ``lease.throttled("openai", 20)`` when
+the provider answered 429 with ``retry-after: 20`` pauses that budget for every
+agent.
 """
 
 from __future__ import annotations
@@ -117,6 +123,11 @@ SEEN_MEMORY = 4096
 # sidecar's own idle timeout (aiohttp's 75 s), so it does not close one as it is sent.
 IDLE_CONNECTIONS = 8
 IDLE_SECONDS = 30.0
+# What the sidecar takes (docs/budgets.md, "Bad input"): usage per attempt and budget,
+# and the longest pause a throttle asks (a longer retry-after is sent as this much).
+MAX_USAGE_REQUESTS = 1_000_000_000
+MAX_USAGE_TOKENS = 1_000_000_000_000
+MAX_RETRY_AFTER_SECONDS = 3600.0
 
 
 class SidecarUnavailable(Exception):
@@ -138,10 +149,14 @@ class Assignment:
     heartbeat_interval_seconds: float
     lease_deadline: datetime.datetime | None
     raw: dict[str, Any] = field(repr=False, compare=False)
+    # The AgentBudgets the task names (its spec.budgets), whose usage the agent reports;
+    # None from a sidecar that does not say.
+    budgets: tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, body: dict[str, Any]) -> Assignment:
         deadline = body.get("leaseDeadline")
+        budgets = body.get("budgets")
         return cls(
             task=str(body["task"]),
             namespace=str(body.get("namespace") or ""),
@@ -154,6 +169,11 @@ class Assignment:
             heartbeat_interval_seconds=float(body.get("heartbeatIntervalSeconds") or 10),
             lease_deadline=_parse_time(deadline) if isinstance(deadline, str) else None,
             raw=body,
+            budgets=(
+                tuple(str(b.get("name")) for b in budgets if isinstance(b, dict))
+                if isinstance(budgets, list)
+                else None
+            ),
         )
 
 
@@ -426,26 +446,54 @@ class SidecarClient:
 
     # -- one attempt ---------------------------------------------------------------------------
 
-    def heartbeat(self, task: str, token: int, progress: str | None = None) -> dict[str, Any]:
+    def heartbeat(
+        self,
+        task: str,
+        token: int,
+        progress: str | None = None,
+        *,
+        usage: Usage | None = None,
+        throttled: tuple[str, float] | None = None,
+    ) -> dict[str, Any]:
+        """A heartbeat; ``usage`` is the attempt's usage so far (cumulative:
+        ``{"<budget>": {"requests": n, "tokens": n}}``), ``throttled`` a provider's 429
+        as ``(budget, retry-after seconds)``."""
         body: dict[str, Any] = {"token": token}
         if progress is not None:
             body["progress"] = progress
+        _add_budget_fields(body, usage, throttled)
         return self.request("POST", f"/v1/assignments/{_quote(task)}/heartbeat", body)
 
     def complete(
-        self, task: str, token: int, result: Any = None, *, result_ref: str | None = None
+        self,
+        task: str,
+        token: int,
+        result: Any = None,
+        *,
+        result_ref: str | None = None,
+        usage: Usage | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"token": token}
         if result is not None:
             body["result"] = result
         if result_ref is not None:
             body["resultRef"] = result_ref
+        _add_budget_fields(body, usage, None)
         return self.request("POST", f"/v1/assignments/{_quote(task)}/complete", body)
 
     def fail(
-        self, task: str, token: int, reason: str, message: str = "", *, retryable: bool = True
+        self,
+        task: str,
+        token: int,
+        reason: str,
+        message: str = "",
+        *,
+        retryable: bool = True,
+        usage: Usage | None = None,
+        throttled: tuple[str, float] | None = None,
     ) -> dict[str, Any]:
         body = {"token": token, "reason": reason, "message": message, "retryable": retryable}
+        _add_budget_fields(body, usage, throttled)
         return self.request("POST", f"/v1/assignments/{_quote(task)}/fail", body)
 
     def hold(
@@ -453,6 +501,26 @@ class SidecarClient:
     ) -> HeldLease:
         """A context manager that heartbeats ``assignment`` until it is left."""
         return HeldLease(self, assignment, interrupt=interrupt, beat_seconds=beat_seconds)
+
+
+# An attempt's usage as the API takes it: {"<budget>": {"requests": n, "tokens": n}}.
+Usage = dict[str, dict[str, int]]
+
+
+def _add_budget_fields(
+    body: dict[str, Any], usage: Usage | None, throttled: tuple[str, float] | None
+) -> None:
+    if usage:
+        body["usage"] = usage
+    if throttled is not None:
+        budget, seconds = throttled
+        body["throttled"] = {"budget": budget, "retryAfterSeconds": seconds}
+
+
+def _amount(value: object, name: str, limit: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise ValueError(f"{name} must be an integer from 0 to {limit}, not {value!r}")
+    return value
 
 
 def _quote(task: str) -> str:
@@ -512,6 +580,13 @@ class HeldLease:
         )
         self._injected = False
         self._fence: list[tuple[Any, tuple[str, ...]]] = []  # (store, keys) to fence
+        # The attempt's usage so far, per budget [requests, tokens]; what the last accepted
+        # heartbeat sent, and a total the sidecar refused (not sent again unchanged).
+        self._usage: dict[str, list[int]] = {}
+        self._usage_lock = threading.Lock()
+        self._usage_sent: Usage = {}
+        self._usage_refused: Usage | None = None
+        self.usage_error: AgentError | None = None
 
     def fence_on_revoke(self, store: Any, *keys: str) -> None:
         """When the claim is revoked (``Cancelled``), fence ``keys`` of ``store`` (an
@@ -557,21 +632,90 @@ class HeldLease:
         self._raise_if_lost()
         self._progress = marker
 
+    def record_usage(self, budget: str, requests: int = 1, tokens: int = 0) -> Usage:
+        """Add what one call to a provider spent to the attempt's usage of ``budget`` (an
+        AgentBudget the task names); the heartbeats and the report send the running total
+        (cumulative for the attempt). Returns the attempt's usage so far. ValueError for a
+        budget the task does not name or a negative, non-integer or absurd amount."""
+        _amount(requests, "requests", MAX_USAGE_REQUESTS)
+        _amount(tokens, "tokens", MAX_USAGE_TOKENS)
+        self._check_budget(budget)
+        with self._usage_lock:
+            total = self._usage.setdefault(budget, [0, 0])
+            new = (total[0] + requests, total[1] + tokens)
+            _amount(new[0], f"the attempt's requests of {budget}", MAX_USAGE_REQUESTS)
+            _amount(new[1], f"the attempt's tokens of {budget}", MAX_USAGE_TOKENS)
+            total[:] = new
+        return self.usage()
+
+    def usage(self) -> Usage:
+        """The attempt's usage so far, as the API takes it."""
+        with self._usage_lock:
+            return {b: {"requests": r, "tokens": t} for b, (r, t) in sorted(self._usage.items())}
+
+    def throttled(self, budget: str, retry_after: float) -> dict[str, Any]:
+        """The provider of ``budget`` answered 429 with ``retry-after: retry_after``
+        seconds: the operator pauses the budget for every agent that long (at most
+        an hour a report: a longer one is sent as an hour). Sent at once, with the usage
+        so far; raises LeaseLost if the claim is no longer ours, ValueError for a budget
+        the task does not name or a retry-after not above 0."""
+        self._raise_if_lost()
+        self._check_budget(budget)
+        if isinstance(retry_after, bool) or not isinstance(retry_after, int | float):
+            raise ValueError(f"retry_after must be a number of seconds, not {retry_after!r}")
+        if not retry_after > 0:
+            raise ValueError(f"retry_after must be above 0 seconds, not {retry_after!r}")
+        seconds = min(float(retry_after), MAX_RETRY_AFTER_SECONDS)
+        usage = self.usage()
+        try:
+            answer = self.client.heartbeat(
+                self.assignment.task,
+                self.assignment.token,
+                usage=usage,
+                throttled=(budget, int(seconds) if seconds.is_integer() else seconds),
+            )
+        except LeaseLost as lost:
+            self._mark_lost(lost, inject=False)
+            raise
+        self._usage_sent = usage
+        return answer
+
     def complete(self, result: Any = None, *, result_ref: str | None = None) -> dict[str, Any]:
-        """Report success. Raises LeaseLost (409) if the claim is no longer ours."""
+        """Report success (with the usage recorded). Raises LeaseLost (409) if the claim
+        is no longer ours."""
+        usage = self.usage()
         return self._report(
             lambda: self.client.complete(
-                self.assignment.task, self.assignment.token, result, result_ref=result_ref
+                self.assignment.task,
+                self.assignment.token,
+                result,
+                result_ref=result_ref,
+                usage=usage or None,
             )
         )
 
     def fail(self, reason: str, message: str = "", *, retryable: bool = True) -> dict[str, Any]:
-        """Report failure. Raises LeaseLost (409) if the claim is no longer ours."""
+        """Report failure (with the usage recorded). Raises LeaseLost (409) if the claim
+        is no longer ours."""
+        usage = self.usage()
         return self._report(
             lambda: self.client.fail(
-                self.assignment.task, self.assignment.token, reason, message, retryable=retryable
+                self.assignment.task,
+                self.assignment.token,
+                reason,
+                message,
+                retryable=retryable,
+                usage=usage or None,
             )
         )
+
+    def _check_budget(self, budget: str) -> None:
+        named = self.assignment.budgets
+        if not isinstance(budget, str) or (named is not None and budget not in named):
+            raise ValueError(
+                f"task {self.assignment.task} does not name budget {budget!r} in its "
+                f"spec.budgets ({', '.join(named or ()) or 'none'})"
+            )
 
     def _report(self, send: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Send the report; while the sidecar cannot take it (503: the API server is away,
@@ -608,12 +752,29 @@ class HeldLease:
         if self.lost is not None or self.finished:
             return
         progress = self._progress
+        usage = self.usage()
+        send = usage if usage != self._usage_sent and usage != self._usage_refused else None
         try:
-            answer = self.client.heartbeat(
-                self.assignment.task,
-                self.assignment.token,
-                progress if progress != self._sent_progress else None,
-            )
+            try:
+                answer = self.client.heartbeat(
+                    self.assignment.task,
+                    self.assignment.token,
+                    progress if progress != self._sent_progress else None,
+                    usage=send,
+                )
+            except AgentError as err:
+                if send is None or err.code != "InvalidUsage":
+                    raise
+                # A total the sidecar will not take must not cost the lease: kept for
+                # the caller to see, not sent again unchanged, and the beat sent without.
+                self.usage_error = err
+                self._usage_refused = send
+                send = None
+                answer = self.client.heartbeat(
+                    self.assignment.task,
+                    self.assignment.token,
+                    progress if progress != self._sent_progress else None,
+                )
         except LeaseLost as lost:
             self._mark_lost(lost, inject=True)
             return
@@ -630,6 +791,8 @@ class HeldLease:
                 )
             return
         self._sent_progress = progress
+        if send is not None:
+            self._usage_sent = send
         remaining = answer.get("leaseRemainingSeconds")
         if isinstance(remaining, int | float):
             self._deadline = time.monotonic() + float(remaining)
