@@ -91,6 +91,8 @@ class Controller:
         self.lease_valid: Callable[[], bool] = lambda: True
         self.lease_remaining: Callable[[], float] = lambda: math.inf
         self.leader_epoch: Callable[[], int | None] = lambda: None
+        self.leader_epoch_refused: Callable[[int], None] = self._epoch_floor
+        self._no_election_epoch: int | None = None
         self.synced = False  # every watch has delivered its first full list
         self.stats = Stats()
         self._rebuild = self.leading  # a new leader rebuilds at its next step
@@ -114,6 +116,7 @@ class Controller:
             may_send=self.may_send,
             remaining=lambda: self.lease_remaining(),
             epoch=lambda: self.leader_epoch(),
+            epoch_refused=lambda floor: self.leader_epoch_refused(floor),
         )
         parts = self.parts
         parts.agenda.timers.active = self.leading
@@ -246,6 +249,24 @@ class Controller:
         self.lease_valid = elector.valid
         self.lease_remaining = elector.remaining
         self.leader_epoch = lambda: elector.epoch
+        self.leader_epoch_refused = elector.epoch_refused
+
+    def _epoch_floor(self, floor: int) -> None:
+        """Without leader election no Lease is ours to raise; the policy refused our
+        grants for an epoch it read from an election Lease of an earlier install (a stale
+        policy parameter: see ``LeaderElector.epoch_refused``): grants carry that one."""
+        if self._no_election_epoch is None or floor > self._no_election_epoch:
+            log.error(
+                "the admission policy %s refused a grant for leader epoch %s: it reads an "
+                "election Lease this replica (no leader election) never wrote; grants now "
+                "carry epoch %s (docs/operator.md, 'A stale policy parameter')",
+                protocol.LEADER_EPOCH_POLICY,
+                floor,
+                floor,
+            )
+            self._no_election_epoch = floor
+            metrics.LEADER_EPOCH_POLICY_STALE.set(1)
+        self.leader_epoch = lambda: self._no_election_epoch
 
     def set_synced(self) -> None:
         """Every watch delivered its first list: the store is complete."""

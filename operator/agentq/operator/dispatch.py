@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,9 @@ __all__ = ["Dispatcher"]
 DOUBT_SECONDS = 30.0
 
 log = logging.getLogger("agentq.controller")
+# The leaseTransitions the policy agentq-leader-epoch compared our epoch with, from its
+# refusal's message (manifests/leader-epoch-policy.yaml, the chart's copy).
+_POLICY_EPOCH = re.compile(r"older than the leaseTransitions \((\d+)\)")
 
 # What ``Dispatcher._one`` did with a lane.
 _GRANTED, _NONE, _STOP = object(), object(), object()
@@ -93,6 +97,7 @@ class Dispatcher:
         batch: int,
         epoch: Callable[[], int | None] = lambda: None,
         on_granted: Callable[[Charge], None] = lambda charge: None,
+        epoch_refused: Callable[[int], None] = lambda floor: None,
     ) -> None:
         self.store = store
         self.indexes = indexes
@@ -108,6 +113,9 @@ class Dispatcher:
         self.stats = stats
         self.batch = batch  # most grants in flight at once (DISPATCH_BATCH)
         self.epoch = epoch  # the leader's epoch, which each grant carries
+        # The policy refused our epoch as older than the leaseTransitions it reads: told to
+        # the elector, which knows whether that is a takeover or a stale policy parameter.
+        self.epoch_refused = epoch_refused
         self.on_granted = on_granted  # a grant charged on a queue was committed
         self.grants: set[asyncio.Task[Any]] = set()  # grants in flight
         self._refill: asyncio.Task[None] | None = None  # the token refill in flight
@@ -338,6 +346,9 @@ class Dispatcher:
                         *key,
                         epoch,
                     )
+                    policy_epoch = _POLICY_EPOCH.search(reply.message)
+                    if policy_epoch is not None:
+                        self.epoch_refused(int(policy_epoch.group(1)))
                     # Not again at once: our elector learns of the new leader within a round.
                     self.retries.not_granted_for(key, RETRY_SECONDS)
                 else:

@@ -41,6 +41,7 @@ from typing import Any
 
 from agentq.clock import Clock, micro_rfc3339
 from agentq.expiry import LeaseRecord, LeaseTracker
+from agentq.operator import metrics
 from agentq.operator.port import Kube, KubeError, Reply, Status
 
 log = logging.getLogger("agentq.leader")
@@ -81,6 +82,10 @@ class LeaderElector:
         # The Lease's leaseTransitions as our last successful round wrote it: the epoch
         # of our leadership (None before we ever held the Lease).
         self.epoch: int | None = None
+        # A leaseTransitions the admission policy compared our grants with that is above
+        # the Lease's own while we held it: its parameter cache is stale (see
+        # ``epoch_refused``); our next renewal raises the Lease's leaseTransitions to it.
+        self._epoch_floor = 0
 
     def valid(self) -> bool:
         """Still leading by our own clock: renewed within the renew deadline."""
@@ -152,6 +157,24 @@ class LeaderElector:
             # nothing sent under the old one can be taken for ours now.
             spec["acquireTime"] = now
             spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+        elif self._epoch_floor > int(spec.get("leaseTransitions") or 0):
+            # Ours all along, yet the policy read a higher leaseTransitions: a stale
+            # parameter (see epoch_refused). Take that epoch.
+            log.error(
+                "the admission policy agentq-leader-epoch compares grants with "
+                "leaseTransitions %s, but %s/%s, held by us, says %s: the API server's "
+                "policy parameter is stale (kubernetes/kubernetes#130887, after a binding "
+                "was deleted and made again); raising the Lease's leaseTransitions to %s so "
+                "grants pass. Until the API server restarts, the policy does not fence a "
+                "deposed leader (docs/operator.md, 'A stale policy parameter')",
+                self._epoch_floor,
+                self.namespace,
+                self.name,
+                spec.get("leaseTransitions") or 0,
+                self._epoch_floor,
+            )
+            metrics.LEADER_EPOCH_POLICY_STALE.set(1)
+            spec["leaseTransitions"] = self._epoch_floor
         spec["holderIdentity"] = self.identity
         spec["renewTime"] = now
         spec["leaseDurationSeconds"] = int(self.lease_seconds)
@@ -160,6 +183,18 @@ class LeaderElector:
         if replaced.ok:
             self.epoch = int(spec["leaseTransitions"] or 0)
         return replaced.ok
+
+    def epoch_refused(self, policy_epoch: int) -> None:
+        """The policy ``agentq-leader-epoch`` refused a grant of ours as older than
+        ``policy_epoch``, the leaseTransitions it reads. Above the epoch we hold the Lease
+        with, it is either a takeover (our next round sees another holder and we stop
+        leading) or a stale parameter: an API server whose policy binding was deleted and
+        made again (an uninstall and a new install) keeps the Lease it read before for
+        good (kubernetes/kubernetes#130887; restarted, it reads the Lease again). The
+        Lease's holder tells them apart at our next round; for a stale parameter we take
+        that epoch (the Lease's leaseTransitions raised to it: a new epoch, as a takeover
+        would) so that grants pass again, and say that the policy no longer fences."""
+        self._epoch_floor = max(self._epoch_floor, policy_epoch)
 
     def _refused(self, reply: Reply) -> None:
         # A refusal for who we are (RBAC, credentials) never cures itself: say so, each round.

@@ -83,6 +83,12 @@ QUEUE_CAPPED = Gauge(
     ["queue"],
 )
 LEADER = Gauge("agentq_leader", "1 while this replica is the leader.")
+LEADER_EPOCH_POLICY_STALE = Gauge(
+    "agentq_leader_epoch_policy_stale",
+    "1 once the admission policy agentq-leader-epoch was found reading a stale election "
+    "Lease (an API server bug after its binding was made again): it no longer fences a "
+    "deposed leader until the API server restarts.",
+)
 LEADER_TRANSITIONS = Counter(
     "agentq_leader_transitions_total", "Times this replica gained or lost leadership."
 )

@@ -74,6 +74,7 @@ def wire(
     may_send: Callable[[], bool],
     remaining: Callable[[], float],
     epoch: Callable[[], int | None],
+    epoch_refused: Callable[[int], None] = lambda floor: None,
 ) -> Parts:
     """Every part, from the port, the clock and the settings. ``poke`` wakes the loop;
     ``may_send``: whether a decision made may still go out (leadership); ``remaining``:
@@ -208,6 +209,7 @@ def wire(
         stats=stats,
         batch=config.dispatch_batch,
         epoch=epoch,
+        epoch_refused=epoch_refused,
         on_granted=queue_statuses.granted,
     )
     follower = Follower(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from elections import LEASE_SECONDS, RENEW_DEADLINE, elector, round_of
+from prometheus_client import REGISTRY
 
 from agentq.clock import FakeClock
 from agentq.operator.config import OperatorConfig
@@ -207,3 +208,71 @@ async def test_a_grant_refused_for_its_epoch_is_given_back_not_taken_for_a_refus
     assert h.core().worker_state("w").in_flight == 0  # the decision was given back
     await h.advance(5.0)  # the leader of the moment (here: still us) grants it
     assert h.phase("t") == "Assigned"
+
+
+@run
+async def test_a_stale_policy_epoch_above_the_lease_we_hold_is_taken_at_the_next_round() -> None:
+    """The policy named leaseTransitions 3 while the Lease we hold says 0 (its parameter
+    cache kept an earlier install's Lease: kubernetes/kubernetes#130887): our next
+    renewal raises the Lease to 3 and grants carry it; said by the gauge."""
+    h = Harness()
+    a = elector(h, "a")
+    assert await round_of(a)
+    assert (a.epoch, transitions(h)) == (0, 0)
+    a.epoch_refused(3)
+    h.clock.advance(1.0)
+    assert await round_of(a)
+    assert (a.epoch, transitions(h)) == (3, 3)
+    assert REGISTRY.get_sample_value("agentq_leader_epoch_policy_stale") == 1
+    a.epoch_refused(2)  # an older refusal, late: nothing moves
+    h.clock.advance(1.0)
+    assert await round_of(a)
+    assert (a.epoch, transitions(h)) == (3, 3)
+
+
+@run
+async def test_a_refusal_for_a_real_takeover_only_deposes_the_old_leader() -> None:
+    """Refused because b took over (the Lease says so): a stops leading at its next round
+    and raises nothing; b's epoch stands."""
+    h = Harness()
+    a, b = elector(h, "a"), elector(h, "b")
+    assert await round_of(a)
+    assert not await round_of(b)
+    h.clock.advance(LEASE_SECONDS + 0.1)
+    assert await round_of(b)
+    assert (b.epoch, transitions(h)) == (1, 1)
+    a.epoch_refused(1)
+    assert not await round_of(a)  # b's record: a does not lead
+    assert not a.leading and transitions(h) == 1 and b.epoch == 1
+
+
+@run
+async def test_a_refusal_names_the_policy_epoch_to_the_elector() -> None:
+    """The dispatcher hands the leaseTransitions of the policy's message to the elector."""
+    h = Harness()
+    c = h.controller
+    e = elector(h, "a", c)
+    e.on_change = c.set_leading
+    assert await round_of(e)
+    c.use_elector(e)
+    told: list[int] = []
+    c.leader_epoch_refused = told.append
+    real = h.kube.patch_status
+
+    async def stale(*args: Any) -> Reply:
+        if args[0] == "agenttasks" and not told:
+            return Reply(
+                Status.FORBIDDEN,
+                None,
+                "ValidatingAdmissionPolicy 'agentq-leader-epoch' with binding "
+                "'agentq-leader-epoch' denied request: grant of t refused: its leader epoch "
+                "(0) is older than the leaseTransitions (7) of the operator election Lease "
+                "ns/agentq-operator: the replica that made it no longer leads",
+            )
+        return await real(*args)
+
+    h.kube.patch_status = stale  # type: ignore[method-assign]
+    h.worker("w", "llm", max_in_flight=1, lease_seconds=60)
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert told == [7]
