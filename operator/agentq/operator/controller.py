@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agentq.clock import Clock, parse_time
-from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
+from agentq.models import BUDGET_PLURAL, QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import invariants, metrics
 from agentq.operator.config import OperatorConfig
 from agentq.operator.events import EventSink
@@ -139,6 +139,8 @@ class Controller:
             self.store.observe_worker(body, deleted=deleted)
         elif plural == QUEUE_PLURAL:
             self.store.observe_queue(body, deleted=deleted)
+        elif plural == BUDGET_PLURAL:
+            self.store.observe_budget(body, deleted=deleted)
         elif plural == "namespaces":
             self.store.observe_namespace(body, deleted=deleted)
         elif plural == "leases":
