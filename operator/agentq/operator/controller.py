@@ -282,6 +282,7 @@ class Controller:
         for record in self.store.tasks.values():
             record.grace = None  # recovered from status.graceUntil when decided
             record.retry_at = record.redecide_at = record.lost_race_at = None
+            record.budget_wait = None
             if record.doubt is not None:  # a grant of unknown outcome: still held till then
                 self.agenda.at(record.doubt[1], (TIMER_TASK, record.key))
         for worker in self.store.workers.values():

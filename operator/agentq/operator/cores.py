@@ -13,7 +13,8 @@ follow the records through two functions, the only places that change them:
   Running (``wanted_holder``).
 
 ``queues`` is the queue level (``tenants.QueueLevel``): which AgentQueue is served
-next, over the namespaces' ledgers.
+next, over the namespaces' ledgers. ``budgets`` is the budget book
+(``budgeting.Budgets``): ``sync_load`` keeps its grants as the records say too.
 
 Cores exist only while leading: a new leader builds them afresh from the store.
 """
@@ -24,7 +25,9 @@ import math
 from collections.abc import Mapping
 
 from agentq.claims import Readiness
+from agentq.clock import Clock
 from agentq.models import MIN_WEIGHT, TaskPhase
+from agentq.operator.budgeting import Budgets
 from agentq.operator.records import TaskRecord, WorkerRecord
 from agentq.operator.store import Store
 from agentq.operator.tenants import QueueLevel
@@ -65,11 +68,12 @@ def core_spec(worker: WorkerView, readiness: tuple[Readiness, str] | None) -> Wo
 class Cores:
     """The DRR core of each namespace (see the module docstring)."""
 
-    def __init__(self, store: Store, claims: Mapping[Key, set[str]]) -> None:
+    def __init__(self, store: Store, claims: Mapping[Key, set[str]], clock: Clock) -> None:
         self.store = store
         self.claims = claims  # worker -> the tasks its status-held claims (indexes.claims)
         self.by_namespace: dict[str, Scheduler] = {}
         self.queues = QueueLevel()
+        self.budgets = Budgets(store, clock)
 
     def get(self, namespace: str) -> Scheduler | None:
         return self.by_namespace.get(namespace)
@@ -87,6 +91,7 @@ class Cores:
     def clear(self) -> None:
         self.by_namespace.clear()
         self.queues.clear()
+        self.budgets.clear()
 
     def upsert_worker(self, key: Key, record: WorkerRecord | None) -> list[str]:
         """Make the core agree with the worker's record (None: deleted); returns the
@@ -114,7 +119,9 @@ class Cores:
     ) -> tuple[str | None, str | None]:
         """Make the core's hold of ``key`` what its record says; returns (the worker it
         left, the worker it joined) when it moved. ``succeeded``: the task left the store
-        because it succeeded (its cost counts as served)."""
+        because it succeeded (its cost counts as served). The budget book's grant of the
+        task follows the record too (``Budgets.sync``)."""
+        self.budgets.sync(key, record)
         core = self.of(key[0])
         holder = core.holder(key[1])
         wanted = wanted_holder(record) if record is not None else None

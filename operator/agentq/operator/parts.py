@@ -82,7 +82,7 @@ def wire(
     store = Store()
     agenda = Agenda(poke)
     indexes = Indexes(timers=agenda.timers, clock=clock, store=store)
-    cores = Cores(store, indexes.claims)
+    cores = Cores(store, indexes.claims, clock)
     retries = Retries(store, agenda, clock)
     # Time the operator could not watch is given back to every Lease.
     blind = BlindTime(

@@ -1,0 +1,268 @@
+"""Provider budgets gate dispatch (docs/budgets.md, issue 21), on the in-memory API server:
+the book admits before the worker level is asked, a refusal holds only its own set, a
+grant not made is refunded, a claim that ends -- however it ends -- gives its budget
+back, the verdicts and the waits say so on the task, and a new leader restores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentq.operator.port import KubeError, Status
+from builders import budget, task
+from harness import NS, Harness, run
+
+
+def assigned(h: Harness) -> set[str]:
+    return {
+        name
+        for (plural, _, name), body in h.kube.objects.items()
+        if plural == "agenttasks"
+        and (body.get("status") or {}).get("phase") in ("Assigned", "Running")
+    }
+
+
+def book_grants(h: Harness) -> set[str]:
+    return {str(g[1]) for g in h.controller.cores.budgets.book.grants()}  # type: ignore[index]
+
+
+async def pool(h: Harness, *, slots: int = 100) -> None:
+    h.worker("w1", "llm", max_in_flight=slots, lease_seconds=100_000)
+    await h.settle()
+
+
+def budgeted(name: str, *budgets: str, requests: int | None = None) -> Any:
+    builder = task(name).requires("llm")
+    for b in budgets:
+        builder = builder.budget(b, requests=requests)
+    return builder
+
+
+# -- the gate ----------------------------------------------------------------------------
+
+
+@run
+async def test_requests_per_minute_paces_the_grants_one_a_second() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("openai").requests_per_minute(60))
+    for i in range(5):
+        h.task(
+            budgeted(f"t{i}", "openai").set("metadata.creationTimestamp", f"2026-01-01T00:00:0{i}Z")
+        )
+    await h.settle()
+    assert assigned(h) == {"t0"}  # the pace: one a second, not five at once
+    for n in range(2, 6):
+        await h.advance(1.0)
+        assert len(assigned(h)) == n
+    assert book_grants(h) == {f"t{i}" for i in range(5)}
+
+
+@run
+async def test_a_refused_set_blocks_no_other_set_or_lane() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("one").max_concurrent(1))
+    h.budget(budget("other").max_concurrent(5))
+    h.task(budgeted("a1", "one").set("metadata.creationTimestamp", "2026-01-01T00:00:01Z"))
+    h.task(
+        budgeted("a2", "one").set("metadata.creationTimestamp", "2026-01-01T00:00:02Z")
+    )  # waits for a1
+    h.task(
+        task("free").requires("llm").set("metadata.creationTimestamp", "2026-01-01T00:00:03Z")
+    )  # no budget
+    h.task(budgeted("b1", "other").set("metadata.creationTimestamp", "2026-01-01T00:00:04Z"))
+    await h.settle()
+    assert assigned(h) == {"a1", "free", "b1"}
+    assert book_grants(h) == {"a1", "b1"}  # a task naming no budget never reaches the book
+
+
+@run
+async def test_a_task_without_budgets_never_touches_the_book() -> None:
+    h = Harness()
+    await pool(h)
+    h.task(task("plain").requires("llm"))
+    await h.settle()
+    assert assigned(h) == {"plain"}
+    assert not h.controller.cores.budgets.open and not h.controller.cores.budgets.book.grants()
+
+
+async def one_slot(h: Harness) -> None:
+    """A budget of one concurrent claim, ``first`` holding it, ``second`` waiting."""
+    await pool(h)
+    h.budget(budget("one").max_concurrent(1))
+    h.task(budgeted("first", "one").set("metadata.creationTimestamp", "2026-01-01T00:00:01Z"))
+    h.task(budgeted("second", "one").set("metadata.creationTimestamp", "2026-01-01T00:00:02Z"))
+    await h.settle()
+    assert assigned(h) == {"first"}
+
+
+async def second_granted(h: Harness) -> None:
+    await h.settle()
+    assert "second" in assigned(h), h.status("second")
+    assert book_grants(h) == {"second"}
+
+
+@run
+async def test_a_success_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    h.renew("first")
+    await h.settle()
+    h.report("first", outcome="Succeeded", result={})
+    await second_granted(h)
+
+
+@run
+async def test_a_failure_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    h.renew("first")
+    await h.settle()
+    h.report("first", outcome="Failed", error={"reason": "Boom", "retryable": False})
+    await second_granted(h)
+
+
+@run
+async def test_a_reclaimed_claim_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    h.renew("first")
+    await h.settle()
+    h.report("first", outcome="Failed", error={"reason": "Flaky", "retryable": True})
+    await h.settle()
+    # Requeued, and granted again (the older of the two): its first attempt's claim was
+    # released, its second one holds the budget's one slot.
+    assert h.status("first")["attempt"] == 2
+    assert assigned(h) == {"first"} and book_grants(h) == {"first"}
+    assert h.controller.cores.budgets.book.state("one", h.clock.monotonic()).in_use == 1
+
+
+@run
+async def test_an_expired_lease_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    await h.advance(2000)  # nobody renews: the claim is reclaimed
+    assert "first" not in assigned(h) or "second" in assigned(h)
+    assert len(assigned(h)) <= 1
+
+
+@run
+async def test_a_cancelled_task_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    h.kube.edit("agenttasks", NS, "first", lambda b: b["spec"].__setitem__("cancel", True))
+    await h.settle()
+    await h.advance(60)
+    await second_granted(h)
+
+
+@run
+async def test_a_deleted_task_gives_the_concurrency_back() -> None:
+    h = Harness()
+    await one_slot(h)
+    h.delete_task("first")
+    await second_granted(h)
+
+
+@run
+async def test_a_lost_grant_is_refunded_and_granted_again() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("one").max_concurrent(1))
+    h.kube.inject(
+        "patch_status",
+        Status.CONFLICT,
+        when=lambda a: a[0] == "agenttasks" and a[2] == "t",
+        times=1,
+    )
+    h.task(budgeted("t", "one"))
+    await h.settle()
+    assert assigned(h) == set()
+    assert book_grants(h) == set()  # refunded
+    # The newer version a 409 stands for: granted again, the refund made room for it.
+    h.kube.edit("agenttasks", NS, "t", lambda b: b["metadata"].setdefault("labels", {}))
+    await h.settle()
+    assert assigned(h) == {"t"}
+    assert book_grants(h) == {"t"}
+    assert h.controller.cores.budgets.book.state("one", h.clock.monotonic()).in_use == 1
+
+
+@run
+async def test_a_grant_of_unknown_outcome_holds_its_budget_until_the_store_says() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("one").max_concurrent(1))
+    h.kube.inject(
+        "patch_status",
+        KubeError("timeout"),
+        when=lambda a: a[0] == "agenttasks" and a[2] == "t",
+        times=1,
+    )
+    h.task(budgeted("t", "one"))
+    h.task(budgeted("u", "one").set("metadata.creationTimestamp", "2099-01-01T00:00:00Z"))
+    await h.settle()
+    assert assigned(h) == set()
+    assert book_grants(h) == {"t"}  # held: it may have landed; u may not take it
+    await h.advance(31)  # the doubt ends: it did not land, refunded, granted again
+    assert assigned(h) == {"t"}
+    assert book_grants(h) == {"t"}
+
+
+# -- what the task says ------------------------------------------------------------------
+
+
+@run
+async def test_an_unknown_budget_is_a_verdict_with_a_warning_until_it_exists() -> None:
+    h = Harness()
+    await pool(h)
+    h.task(budgeted("t", "nowhere"))
+    await h.settle()
+    cond = h.condition("t", "Budgeted")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "BudgetNotFound")
+    assert "BudgetNotFound" in h.kube.reasons("t")
+    assert assigned(h) == set()
+    h.budget(budget("nowhere").requests_per_minute(10))
+    await h.settle()
+    assert assigned(h) == {"t"}
+    assert h.condition("t", "Budgeted") is None  # dropped by the grant
+
+
+@run
+async def test_an_estimate_above_the_limit_is_flagged_and_others_go_past() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("small").requests_per_minute(5))
+    h.task(
+        budgeted("big", "small", requests=10).set(
+            "metadata.creationTimestamp", "2026-01-01T00:00:01Z"
+        )
+    )
+    h.task(
+        budgeted("fits", "small", requests=1).set(
+            "metadata.creationTimestamp", "2026-01-01T00:00:02Z"
+        )
+    )
+    await h.settle()
+    cond = h.condition("big", "Budgeted")
+    assert cond is not None and cond["reason"] == "EstimateExceedsLimit", cond
+    assert assigned(h) == {"fits"}
+    h.kube.edit(
+        "agentbudgets", "", "small", lambda b: b["spec"].__setitem__("requestsPerMinute", 20)
+    )
+    await h.advance(15)
+    assert "big" in assigned(h)
+
+
+@run
+async def test_a_wait_says_its_reason_after_five_seconds_and_the_grant_drops_it() -> None:
+    h = Harness()
+    await one_slot(h)
+    await h.advance(2)
+    assert h.condition("second", "Budgeted") is None  # not on every refusal
+    await h.advance(4)
+    cond = h.condition("second", "Budgeted")
+    assert cond is not None and (cond["status"], cond["reason"]) == ("False", "MaxConcurrent")
+    assert "one" in cond["message"]
+    h.delete_task("first")
+    await second_granted(h)
+    assert h.condition("second", "Budgeted") is None
