@@ -42,9 +42,11 @@ from agentq.scheduler.budgets import (
     BudgetSpec,
     Debit,
     Need,
+    OpenGrant,
     Placement,
     Usage,
     Wait,
+    Window,
 )
 from agentq.views import Key, TaskView
 
@@ -221,9 +223,59 @@ class Budgets:
             del self.finished[key]
 
     def restore(self) -> None:
-        """The book's budgets before a new leader's first grant (its grants: planned)."""
+        """The book from what the API server shows (docs/budgets.md, "Surviving a restart
+        and a failover"); once, before the new leader's first grant."""
         self.restored = True
         self.sync_specs()
+        now = self.clock.monotonic()
+        wall = self.clock.now()
+        grants: list[OpenGrant] = []
+        ended: list[Placement] = []
+        seen: set[Key] = set()
+        for key, record in self.store.tasks.items():
+            view = record.view
+            if not view.spec.budgets:
+                continue
+            seen.add(key)
+            ended.extend(_ended(view, wall, now))
+            token = view.status.fencing_token or 0
+            if record.doubt is not None and not view.active:
+                # A grant of ours of unknown outcome when we (last) led: held until the
+                # store says whether it landed (its token unknown here: 0).
+                grants.append(OpenGrant((view.namespace, view.name, 0), needs_of(view), now))
+                self.open[key] = _Open((view.namespace, view.name, 0), 0, None, landed=False)
+            elif view.active:
+                assigned = view.status.assigned_at
+                at = now if assigned is None else _mono(assigned, wall, now)
+                grant_id = (view.namespace, view.name, token)
+                grants.append(OpenGrant(grant_id, needs_of(view), min(at, now)))
+                self.open[key] = _Open(grant_id, token, None, landed=True)
+        self.forget_old()
+        for key, (_, placements) in self.finished.items():
+            if key not in seen:
+                ended.extend(placements)
+        windows: dict[str, Window] = {}
+        throttles: dict[str, float] = {}
+        for name, budget in self.store.budgets.items():
+            status = budget.status
+            if status.throttled_until is not None:
+                until = _mono(status.throttled_until, wall, now)
+                if until > now:
+                    throttles[name] = until
+            window = status.window
+            if window is not None:
+                windows[name] = Window(
+                    as_of=_mono(window.as_of, wall, now),
+                    bucket_seconds=window.bucket_seconds,
+                    buckets=tuple(
+                        (
+                            _mono(b.start, wall, now),
+                            Usage(requests=b.requests or 0, tokens=b.tokens or 0),
+                        )
+                        for b in window.buckets or ()
+                    ),
+                )
+        self.book.restore(now, grants=grants, ended=ended, windows=windows, throttles=throttles)
 
 
 def _mono(at: datetime.datetime, wall: datetime.datetime, now: float) -> float:

@@ -5,8 +5,10 @@ back, the verdicts and the waits say so on the task, and a new leader restores."
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
+from agentq.operator.controller import Controller
 from agentq.operator.port import KubeError, Status
 from builders import budget, task
 from harness import NS, Harness, run
@@ -266,3 +268,68 @@ async def test_a_wait_says_its_reason_after_five_seconds_and_the_grant_drops_it(
     h.delete_task("first")
     await second_granted(h)
     assert h.condition("second", "Budgeted") is None
+
+
+# -- a new leader ------------------------------------------------------------------------
+
+
+def restarted(h: Harness) -> Controller:
+    """A new operator on the same API server: its store from a fresh list."""
+    c = Controller(kube=h.kube, clock=h.clock, config=h.config, rng=random.Random(2), strict=True)
+    h.kube._subscribers[:] = [lambda plural, kind, body: c.observe(plural, kind, body)]
+    for (plural, _, _), body in sorted(h.kube.objects.items()):
+        c.observe(plural, "ADDED", dict(body))
+    c.set_synced()
+    h.controller = c
+    return c
+
+
+async def finish_new(h: Harness, grants: dict[tuple[str, int], float]) -> None:
+    """Each attempt granted since the last look: its time noted, and it succeeds at once."""
+    for name in sorted(assigned(h)):
+        attempt = h.status(name)["attempt"]
+        if (name, attempt) not in grants:
+            grants[(name, attempt)] = h.clock.monotonic()
+            h.renew(name)
+            await h.settle()
+            h.report(name, outcome="Succeeded", result={})
+            await h.settle()
+
+
+@run
+async def test_a_restart_mid_minute_grants_no_more_than_the_limit() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("two").requests_per_minute(2))
+    for i in range(4):
+        h.task(
+            budgeted(f"t{i}", "two").set("metadata.creationTimestamp", f"2026-01-01T00:00:0{i}Z")
+        )
+    await h.settle()
+    grants: dict[tuple[str, int], float] = {}
+    for _ in range(35):
+        await finish_new(h, grants)
+        await h.advance(1)
+    assert set(grants) == {("t0", 1), ("t1", 1)}  # two requests spent in this minute
+    restarted(h)  # mid-minute: a new operator, its book from the statuses alone
+    for _ in range(90):
+        await h.advance(1)
+        await finish_new(h, grants)
+    times = sorted(grants.values())
+    for i, start in enumerate(times):
+        inside = [t for t in times[i:] if t < start + 60]
+        assert len(inside) <= 2, (grants, start)
+    assert ("t3", 1) in grants  # and it goes on as the minute slides
+
+
+@run
+async def test_a_restart_keeps_the_running_claims_concurrency() -> None:
+    h = Harness()
+    await one_slot(h)
+    restarted(h)
+    await h.settle()
+    await h.advance(5)
+    assert assigned(h) == {"first"}
+    assert book_grants(h) == {"first"}
+    h.delete_task("first")
+    await second_granted(h)
