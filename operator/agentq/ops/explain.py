@@ -37,6 +37,10 @@ Finding codes (stable; ``-o json`` shows them):
 ``NoWorkerNamespace``     ``Queued: False``: the queue names no workerNamespace
 ``CrossNamespace...``     ``Queued: False``: the queue's workers are in another namespace
 ``NotQueued``             ``Queued: False`` for a reason this CLI does not know
+``BudgetNotFound``        ``Budgeted: False``: an AgentBudget it names does not exist
+``EstimateExceedsLimit``  ``Budgeted: False``: its estimate exceeds a budget's per-minute limit
+``BudgetWait``            ``Budgeted: False``: a budget has no room now (requests, tokens,
+                          concurrency or a provider's throttle; the reason says which)
 ========================  ===========================================================
 
 A task that names an AgentQueue (``spec.queue``) and is not admitted by it is
@@ -395,6 +399,36 @@ def _not_queued(task: AgentTask, queue: str) -> Finding | None:
     )
 
 
+# --- the AgentBudgets ----------------------------------------------------------------------
+
+_BUDGET_VERDICT_HINTS = {
+    "BudgetNotFound": (
+        "ask a cluster admin to create the AgentBudget (docs/budgets.md), or submit it again "
+        "naming an existing one (spec.budgets is immutable); `kubectl get agentbudgets` "
+        "lists them"
+    ),
+    "EstimateExceedsLimit": (
+        "lower its estimate (submit it again: spec.budgets is immutable), or ask a cluster "
+        "admin to raise the budget's limit"
+    ),
+}
+
+
+def _not_budgeted(task: AgentTask) -> Finding | None:
+    """The ``Budgeted: False`` condition, if the operator wrote one, as a finding."""
+    found = next((c for c in task.status.conditions or [] if c.type == lifecycle.BUDGETED), None)
+    if found is None or found.status is not ConditionStatus.FALSE:
+        return None
+    hint = _BUDGET_VERDICT_HINTS.get(found.reason)
+    if hint is not None:
+        return Finding(found.reason, f"never dispatched as it is: {found.message}", hint)
+    return Finding(
+        "BudgetWait",
+        f"{found.message} ({found.reason}); it is granted when the budget has room again",
+        "`kubectl get agentbudgets` shows each budget's use and limits",
+    )
+
+
 def parse_queues(bodies: Iterable[Body]) -> dict[str, AgentQueue]:
     """The AgentQueues that parse, by name (one that does not holds no tasks)."""
     out = {}
@@ -655,6 +689,11 @@ def _phase_findings(
                 return [*found, refused]
             more, capped = queue_findings(task, queue_place, queues)
             found += more
+        budgeted = _not_budgeted(task)
+        if budgeted is not None:
+            found.append(budgeted)
+            if budgeted.code != "BudgetWait":
+                return found  # never dispatched as it is: no worker is looked at
         placed = placement(
             spec.required_capabilities, workers, namespace=ns, pending_ahead=pending_ahead
         )
