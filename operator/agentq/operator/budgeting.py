@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from agentq.clock import Clock
 from agentq.models import AttemptOutcome
+from agentq.operator import metrics
 from agentq.operator.records import TaskRecord
 from agentq.operator.store import Store
 from agentq.scheduler.budgets import (
@@ -166,6 +167,8 @@ class Budgets:
         grant_id = (view.namespace, view.name, token)
         debit = self.book.debit(grant_id, needs_of(view), now)
         self.open[key] = _Open(grant_id, token, debit, landed=False)
+        for name, _ in debit.needs:
+            metrics.BUDGET_GRANTS.labels(name).inc()
 
     def sync(self, key: Key, record: TaskRecord | None) -> None:
         """The book's grant of ``key`` as its record says: kept while the grant is in

@@ -7,8 +7,9 @@ The data path (docs/architecture.md):
       2. fire the timers that are due
       3. decide the dirty tasks (``decide.Decider``) -> writes (``commit.Committer``)
       4. grant pending tasks (``dispatch.Dispatcher``) -> writes
-      5. publish worker status and gauges (``publish.Publisher``), and AgentQueue
-         status (``queue_status.QueueStatuses``)
+      5. publish worker status and gauges (``publish.Publisher``), AgentQueue
+         status (``queue_status.QueueStatuses``) and AgentBudget status
+         (``budget_status.BudgetStatuses``)
     -> the request gate (slots, leadership) -> the ``port.Kube`` -> the API server
 
 Watch callbacks only record; everything else runs in the step, which never
@@ -120,6 +121,7 @@ class Controller:
         self.events, self.tokens, self.slots = parts.events, parts.tokens, parts.slots
         self.publisher, self.readiness = parts.publisher, parts.readiness
         self.queue_statuses = parts.queue_statuses
+        self.budget_statuses = parts.budget_statuses
         self.confirmer, self.leases = parts.confirmer, parts.leases
         self.committer, self.decider = parts.committer, parts.decider
         self.dispatcher, self.follower = parts.dispatcher, parts.follower
@@ -186,6 +188,7 @@ class Controller:
             self.dispatcher.dispatch()
             self.publisher.publish()
             self.queue_statuses.publish()
+            self.budget_statuses.publish()
             self.cleanup.run()
         self.publisher.gauges()
         if self.strict:
@@ -289,6 +292,7 @@ class Controller:
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()
         self.queue_statuses.reset()
+        self.budget_statuses.reset()
         self.cleanup.reset()
         self.cores.clear()
         self.follower.rebuild(urgent=True)

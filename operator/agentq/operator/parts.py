@@ -11,6 +11,7 @@ from typing import Any
 from agentq import claims
 from agentq.clock import Clock
 from agentq.operator.blind import BlindTime
+from agentq.operator.budget_status import BudgetStatuses
 from agentq.operator.cleanup import Cleanup
 from agentq.operator.commit import Committer
 from agentq.operator.config import OperatorConfig
@@ -50,6 +51,7 @@ class Parts:
     tokens: TokenAllocator
     publisher: Publisher
     queue_statuses: QueueStatuses
+    budget_statuses: BudgetStatuses
     readiness: WorkerReadiness
     confirmer: ExpiryConfirmer
     leases: ClaimLeases
@@ -139,6 +141,16 @@ def wire(
         clock=clock,
         config=config,
         stats=stats,
+    )
+    budget_statuses = BudgetStatuses(
+        store=store,
+        indexes=indexes,
+        cores=cores,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        interval=config.budget_status_interval,
     )
     readiness = WorkerReadiness(
         store=store,
@@ -235,6 +247,7 @@ def wire(
         tokens=tokens,
         publisher=publisher,
         queue_statuses=queue_statuses,
+        budget_statuses=budget_statuses,
         readiness=readiness,
         confirmer=confirmer,
         leases=leases,

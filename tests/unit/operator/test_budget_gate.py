@@ -333,3 +333,46 @@ async def test_a_restart_keeps_the_running_claims_concurrency() -> None:
     assert book_grants(h) == {"first"}
     h.delete_task("first")
     await second_granted(h)
+
+
+# -- AgentBudget.status ------------------------------------------------------------------
+
+
+@run
+async def test_the_leader_writes_the_budget_status_with_its_window() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("two").requests_per_minute(2).max_concurrent(5))
+    h.task(budgeted("a", "two"))
+    await h.settle()
+    await h.advance(3)
+    status = h.kube.get("agentbudgets", "", "two")["status"]  # type: ignore[index]
+    assert status["inUse"] == 1 and status["reservedRequests"] == 1
+    assert status["availableRequests"] == 1 and status["availableConcurrency"] == 4
+    assert status["window"]["bucketSeconds"] == 5
+    h.delete_task("a")
+    await h.advance(3)
+    status = h.kube.get("agentbudgets", "", "two")["status"]  # type: ignore[index]
+    assert status["inUse"] == 0 and status["usedRequests"] == 1
+    assert sum(b["requests"] for b in status["window"]["buckets"]) == 1
+    writes = h.kube.writes["agentbudgets/status PATCH"]
+    await h.advance(3)
+    assert h.kube.writes["agentbudgets/status PATCH"] == writes  # nothing changed
+
+
+@run
+async def test_a_restart_restores_from_the_window_what_no_task_shows() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("one").requests_per_minute(1))
+    h.task(budgeted("gone", "one"))
+    h.task(budgeted("next", "one").set("metadata.creationTimestamp", "2099-01-01T00:00:00Z"))
+    await h.settle()
+    h.delete_task("gone")  # a person deletes it: only the window remembers its request
+    await h.advance(3)
+    await h.advance(3)
+    restarted(h)
+    await h.advance(30)
+    assert assigned(h) == set()  # the minute is still spent
+    await h.advance(40)
+    assert assigned(h) == {"next"}
