@@ -31,6 +31,11 @@ ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # the UID of the AgentTask a task Lea
 # Set by the operator on a task Lease whose claim it revokes: why (REVOKE_REASONS). The
 # sidecar stops renewing it and answers its agent 409 with that reason as the error.
 ANNOTATION_REVOKED = f"{GROUP}/revoked"
+# Kept by the sidecar on a task Lease (docs/budgets.md): the attempt's cumulative usage
+# per budget ({"<budget>": {"requests": n, "tokens": n}}), and its last throttle report
+# ({"budget", "retryAfterSeconds", "id"}); the operator corrects its budgets from them.
+ANNOTATION_USAGE = f"{GROUP}/usage"
+ANNOTATION_THROTTLED = f"{GROUP}/throttled"
 REVOKE_CANCELLED = "Cancelled"  # spec.cancel
 REVOKE_DEADLINE = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
 REVOKE_REASONS = (REVOKE_CANCELLED, REVOKE_DEADLINE)

@@ -471,6 +471,10 @@ class LeaseView:
     # Why the operator revoked this claim (agentq.dev/revoked): Cancelled or
     # DeadlineExceeded; any other text is taken as Cancelled. None: not revoked.
     revoked: str | None = None
+    # What its attempt reported spending (agentq.dev/usage) and its last throttle report
+    # (agentq.dev/throttled), as written: read by the budgets (docs/budgets.md).
+    usage: str | None = None
+    throttled: str | None = None
 
     @property
     def key(self) -> Key:
@@ -522,6 +526,8 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         report=annotations.get(protocol.ANNOTATION_REPORT),
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
         revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
+        usage=_str(annotations.get(protocol.ANNOTATION_USAGE)),
+        throttled=_str(annotations.get(protocol.ANNOTATION_THROTTLED)),
     )
 
 

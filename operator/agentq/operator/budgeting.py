@@ -26,6 +26,8 @@ Tasks without ``spec.budgets`` never reach the book.
 from __future__ import annotations
 
 import datetime
+import json
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
@@ -49,9 +51,14 @@ from agentq.scheduler.budgets import (
     Wait,
     Window,
 )
-from agentq.views import Key, TaskView
+from agentq.views import Key, LeaseView, TaskView
 
 __all__ = ["WAIT_REPORT_SECONDS", "Budgets", "needs_of", "signature", "verdict_of"]
+
+#: A throttle report's retryAfterSeconds must be in (0, MAX_RETRY_AFTER] (docs/budgets.md).
+MAX_RETRY_AFTER = 3600.0
+#: The most usage one report may carry per budget (as the sidecar checks it).
+_MAX_REQUESTS, _MAX_TOKENS = 10**9, 10**12
 
 #: A task refused by a budget at the head of its set for this long gets the condition
 #: ``Budgeted: False`` (not on every refusal: a saturated budget refuses many times a
@@ -131,6 +138,8 @@ class Budgets:
         # minute: key -> (uid, placements), for a new leader's restore.
         self.finished: dict[Key, tuple[str, list[Placement]]] = {}
         self._forgot = clock.monotonic()  # when ``finished`` was last pruned
+        # Throttle reports applied (their ids), with when each may be forgotten.
+        self._throttles: dict[str, float] = {}
 
     # -- the budgets' specs ---------------------------------------------------------------
 
@@ -196,6 +205,47 @@ class Budgets:
         del self.open[key]
         self.book.release(held.grant_id, now)
 
+    # -- what agents report (their claim's Lease) -------------------------------------------
+
+    def lease_seen(self, task: TaskView, lease: LeaseView | None) -> None:
+        """The claim Lease of ``task`` changed: its attempt's usage corrects the grant
+        (cumulative; the report's usage is its last word), a throttle report pauses its
+        budget for everyone (once per report id). Only for the attempt the book holds:
+        the Lease's token is the grant's."""
+        if lease is None or not task.spec.budgets:
+            return
+        held = self.open.get(task.key)
+        if held is None or lease.token is None or lease.token != held.token:
+            return
+        now = self.clock.monotonic()
+        usage = _usage(_json(lease.usage))
+        if usage:
+            self.book.correct(held.grant_id, usage, now)
+        report = _json(lease.report)
+        if isinstance(report, dict) and report.get("token") == held.token:
+            final = _usage(report.get("usage"))
+            if final:
+                self.book.correct(held.grant_id, final, now, final=True)
+        self._throttle(_json(lease.throttled), needs_of(task), now)
+
+    def _throttle(self, said: object, needs: dict[str, Need], now: float) -> None:
+        if not isinstance(said, dict):
+            return
+        name, seconds, ident = said.get("budget"), said.get("retryAfterSeconds"), said.get("id")
+        if not isinstance(name, str) or name not in needs or not isinstance(ident, str):
+            return
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+            return
+        if not (0 < seconds <= MAX_RETRY_AFTER) or not math.isfinite(seconds):
+            return
+        for old in [i for i, until in self._throttles.items() if until < now]:
+            del self._throttles[old]
+        if ident in self._throttles:
+            return  # applied already (a Lease update that changed something else)
+        self._throttles[ident] = now + MAX_RETRY_AFTER
+        self.book.throttle(name, now + float(seconds))
+        metrics.BUDGET_THROTTLES.labels(name).inc()
+
     # -- a new leader ---------------------------------------------------------------------
 
     def clear(self) -> None:
@@ -251,7 +301,18 @@ class Budgets:
                 assigned = view.status.assigned_at
                 at = now if assigned is None else _mono(assigned, wall, now)
                 grant_id = (view.namespace, view.name, token)
-                grants.append(OpenGrant(grant_id, needs_of(view), min(at, now)))
+                lease = self.store.lease_of(view)
+                usage: dict[str, Usage] = {}
+                if lease is not None and lease.view.token == token:
+                    usage = _usage(_json(lease.view.usage))
+                    said = _json(lease.view.throttled)
+                    if isinstance(said, dict) and isinstance(said.get("id"), str):
+                        # Applied by the last leader (its end is in throttledUntil): not
+                        # again, at this Lease's next change.
+                        self._throttles[said["id"]] = now + MAX_RETRY_AFTER
+                needs = needs_of(view)
+                usage = {name: u for name, u in usage.items() if name in needs}
+                grants.append(OpenGrant(grant_id, needs, min(at, now), usage))
                 self.open[key] = _Open(grant_id, token, None, landed=True)
         self.forget_old()
         for key, (_, placements) in self.finished.items():
@@ -279,6 +340,34 @@ class Budgets:
                     ),
                 )
         self.book.restore(now, grants=grants, ended=ended, windows=windows, throttles=throttles)
+
+
+def _json(text: str | None) -> object:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _usage(said: object) -> dict[str, Usage]:
+    """``{"<budget>": {"requests": n, "tokens": n}}`` as usage; entries that do not fit
+    (not integers, negative, absurd) are left out (the sidecar refuses them first)."""
+    if not isinstance(said, dict):
+        return {}
+    out: dict[str, Usage] = {}
+    for name, amounts in said.items():
+        if not isinstance(name, str) or not isinstance(amounts, dict):
+            continue
+        requests, tokens = amounts.get("requests", 0), amounts.get("tokens", 0)
+        ok = all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
+            for v, most in ((requests, _MAX_REQUESTS), (tokens, _MAX_TOKENS))
+        )
+        if ok:
+            out[name] = Usage(requests=requests, tokens=tokens)
+    return out
 
 
 def _mono(at: datetime.datetime, wall: datetime.datetime, now: float) -> float:

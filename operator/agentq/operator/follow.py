@@ -151,6 +151,7 @@ class Follower:
             if new is not None and self.cleanup.holds(subject, new.task_uid):
                 self.delete_lease(subject, new)  # the Lease of a finished task
             return
+        self.cores.budgets.lease_seen(task, new)  # usage and throttles its agent reported
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
 

@@ -177,6 +177,9 @@ BUDGET_WAITING = Gauge(
 BUDGET_GRANTS = Counter(
     "agentq_budget_grants_total", "Grants that debited the AgentBudget.", ["budget"]
 )
+BUDGET_THROTTLES = Counter(
+    "agentq_budget_throttles_total", "Throttle reports applied to the AgentBudget.", ["budget"]
+)
 
 
 def set_or_drop(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
@@ -194,7 +197,7 @@ def forget_budget(budget: str) -> None:
         for resource in ("requests", "tokens", "concurrent"):
             with contextlib.suppress(KeyError):
                 gauge.remove(budget, resource)
-    for single in (BUDGET_THROTTLED, BUDGET_WAITING, BUDGET_GRANTS):
+    for single in (BUDGET_THROTTLED, BUDGET_WAITING, BUDGET_GRANTS, BUDGET_THROTTLES):
         with contextlib.suppress(KeyError):
             single.remove(budget)
 

@@ -5,6 +5,7 @@ back, the verdicts and the waits say so on the task, and a new leader restores."
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -376,3 +377,65 @@ async def test_a_restart_restores_from_the_window_what_no_task_shows() -> None:
     assert assigned(h) == set()  # the minute is still spent
     await h.advance(40)
     assert assigned(h) == {"next"}
+
+
+# -- what agents report on their claim's Lease ---------------------------------------------
+
+
+def state(h: Harness, name: str) -> Any:
+    return h.controller.cores.budgets.book.state(name, h.clock.monotonic())
+
+
+@run
+async def test_a_throttle_on_a_lease_pauses_the_budget_for_everyone_once() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("p"))  # no limit: only its throttles gate it
+    h.task(budgeted("a", "p"))
+    await h.settle()
+    h.renew("a")
+    throttle = json.dumps({"budget": "p", "retryAfterSeconds": 10, "id": "429-1"})
+    h.annotate_lease("a", "agentq.dev/throttled", throttle)
+    await h.settle()
+    h.task(budgeted("b", "p"))
+    await h.advance(9)
+    h.renew("a")  # the same report seen again: not applied twice
+    await h.advance(0.5)
+    assert "b" not in assigned(h)
+    await h.advance(1)
+    assert "b" in assigned(h)
+    assert state(h, "p").throttled_until is not None
+
+
+@run
+async def test_reported_usage_corrects_the_grant_and_a_final_report_ends_it() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("t").tokens_per_minute(6000))
+    h.task(task("a").requires("llm").budget("t", tokens=1000, requests=5))
+    await h.settle()
+    h.renew("a")
+    h.annotate_lease("a", "agentq.dev/usage", json.dumps({"t": {"requests": 1, "tokens": 3000}}))
+    await h.settle()
+    now = state(h, "t")
+    assert (now.used.tokens, now.reserved.tokens) == (3000, 0)  # above its estimate
+    assert (now.used.requests, now.reserved.requests) == (1, 4)
+    h.report("a", outcome="Succeeded", result={}, usage={"t": {"requests": 2, "tokens": 3500}})
+    await h.settle()
+    end = state(h, "t")
+    assert (end.used.requests, end.used.tokens) == (2, 3500)  # its last word, not 5
+    assert end.reserved.requests == 0 and end.in_use == 0
+
+
+@run
+async def test_usage_that_does_not_fit_is_ignored() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("t").tokens_per_minute(6000))
+    h.task(task("a").requires("llm").budget("t", tokens=1000))
+    await h.settle()
+    h.renew("a")
+    for bad in ("not json", '{"t": {"tokens": -5}}', '{"t": {"tokens": 1.5}}', '["t"]'):
+        h.annotate_lease("a", "agentq.dev/usage", bad)
+        await h.settle()
+    assert (state(h, "t").used.tokens, state(h, "t").reserved.tokens) == (0, 1000)
