@@ -205,6 +205,18 @@ class Budgets:
         del self.open[key]
         self.book.release(held.grant_id, now)
 
+    def accounted(self, task: TaskView, token: int) -> list[dict[str, int | str]] | None:
+        """What the attempt of ``task`` with ``token`` is accounted on each budget, while
+        the book holds its grant (``status.history[].usage``); None otherwise."""
+        held = self.open.get(task.key)
+        if held is None or held.token != token:
+            return None
+        usage = self.book.accounted(held.grant_id)
+        return [
+            {"name": name, "requests": u.requests, "tokens": u.tokens}
+            for name, u in sorted(usage.items())
+        ] or None
+
     # -- what agents report (their claim's Lease) -------------------------------------------
 
     def lease_seen(self, task: TaskView, lease: LeaseView | None) -> None:

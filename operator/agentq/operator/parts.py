@@ -185,6 +185,7 @@ def wire(
         retries=retries,
         stats=stats,
         credits=lambda: blind.credits,
+        accounted=cores.budgets.accounted,
     )
     decider = Decider(
         store=store,

@@ -439,3 +439,25 @@ async def test_usage_that_does_not_fit_is_ignored() -> None:
         h.annotate_lease("a", "agentq.dev/usage", bad)
         await h.settle()
     assert (state(h, "t").used.tokens, state(h, "t").reserved.tokens) == (0, 1000)
+
+
+@run
+async def test_the_end_of_an_attempt_carries_what_it_was_accounted() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("t").tokens_per_minute(6000))
+    h.task(task("a").requires("llm").budget("t", tokens=1000, requests=2))
+    h.task(task("plain").requires("llm"))
+    await h.settle()
+    h.renew("a")
+    h.annotate_lease("a", "agentq.dev/usage", json.dumps({"t": {"requests": 1, "tokens": 3000}}))
+    await h.settle()
+    h.report("a", outcome="Failed", error={"reason": "Flaky", "retryable": True})
+    await h.settle()
+    first = h.status("a")["history"][0]
+    assert first["usage"] == [{"name": "t", "requests": 2, "tokens": 3000}]  # max(E, U)
+    h.renew("plain")
+    await h.settle()
+    h.report("plain", outcome="Succeeded", result={})
+    await h.settle()
+    assert "usage" not in h.status("plain")["history"][-1]
