@@ -118,6 +118,17 @@ def test_max_concurrent_2_is_never_exceeded(fleet: Fleet, budgets: list[str]) ->
     free = fleet.task("free")
     firsts = sorted(assigned_at(t) for t in items if t["metadata"]["name"].startswith("c-"))
     assert assigned_at(free) <= firsts[2], "the task without budgets waited behind them"
+    # The leader's report on the budget (RBAC: agentbudgets/status patch), its window
+    # what a new leader restores from.
+    deadline = time.monotonic() + 30
+    while True:
+        body = fleet.custom.get_cluster_custom_object(GROUP, VERSION, "agentbudgets", name)
+        status = body.get("status") or {}
+        if status.get("inUse") == 0 and status.get("availableConcurrency") == 2:
+            break
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    assert status["window"]["bucketSeconds"] == 5 and status["observedGeneration"] == 1
 
 
 def test_a_restart_mid_minute_grants_nothing_the_minute_has_no_room_for(
