@@ -14,6 +14,9 @@ store says (docs/budgets.md).
   then); a claim that ended, for whatever reason (completed, failed, reclaimed,
   cancelled, the task deleted), is released -- its concurrency back, its estimate
   placed for the minute after its end.
+- **Reports** (``lease_seen``): the usage and throttles an attempt's agent reports
+  on its claim's Lease correct its grant and pause its budget; ``accounted`` is what
+  the status patch ending the attempt records (``status.history[].usage``).
 - **Restore** (``restore``): a new leader's book, before its first grant, from what
   the task statuses show (running attempts and ``status.history``), the finished
   tasks seen in the last minute (they have no record in the store), the budgets'
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -54,6 +58,8 @@ from agentq.scheduler.budgets import (
 from agentq.views import Key, LeaseView, TaskView
 
 __all__ = ["WAIT_REPORT_SECONDS", "Budgets", "needs_of", "signature", "verdict_of"]
+
+log = logging.getLogger("agentq.controller")
 
 #: A throttle report's retryAfterSeconds must be in (0, MAX_RETRY_AFTER] (docs/budgets.md).
 MAX_RETRY_AFTER = 3600.0
@@ -173,6 +179,9 @@ class Budgets:
     def debit(self, view: TaskView, token: int, now: float) -> None:
         """The grant of ``view`` with ``token`` (admitted): debited before it is sent."""
         key = view.key
+        stale = self.open.pop(key, None)
+        if stale is not None:  # (never: a claim's end is seen before the next grant)
+            self.book.release(stale.grant_id, now)
         grant_id = (view.namespace, view.name, token)
         debit = self.book.debit(grant_id, needs_of(view), now)
         self.open[key] = _Open(grant_id, token, debit, landed=False)
@@ -351,7 +360,15 @@ class Budgets:
                         for b in window.buckets or ()
                     ),
                 )
-        self.book.restore(now, grants=grants, ended=ended, windows=windows, throttles=throttles)
+        try:
+            self.book.restore(now, grants=grants, ended=ended, windows=windows, throttles=throttles)
+        except ValueError:
+            # (never: every amount is checked by the models) The claims held, at least:
+            # a book that cannot be restored must not stop every grant.
+            log.exception("could not restore the budgets' last minute; from the claims only")
+            self.book = BudgetBook()
+            self.sync_specs()
+            self.book.restore(now, grants=grants)
 
 
 def _json(text: str | None) -> object:
