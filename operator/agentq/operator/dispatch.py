@@ -244,7 +244,7 @@ class Dispatcher:
             if not self.tokens.ready(current):
                 self._refill_tokens()
                 return _STOP
-            now = self.clock.monotonic()
+            now = self.clock.monotonic() if named else 0.0  # (only a budget reads it)
             if named:
                 wait = self.cores.budgets.admits(task, now)
                 if wait is not None:
