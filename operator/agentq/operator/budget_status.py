@@ -4,7 +4,11 @@ The status is a report for people, and what a new leader resumes from: its
 ``window`` (the last minute's placements in 5-second buckets) and
 ``throttledUntil`` (``budgeting.Budgets.restore``). The rest -- ``inUse``,
 ``usedRequests``/``usedTokens``, ``reservedRequests``/``reservedTokens``,
-``available*``, ``waiting`` -- is the book's state at the write.
+``available*``, ``waiting`` -- is the book's state at the write; conditions
+``Saturated`` (True while tasks naming it wait and it has no room: reason
+``Throttled``, ``MaxConcurrent``, ``RequestsPerMinute`` or ``TokensPerMinute``) and
+``Throttled`` (True until ``throttledUntil``, reason ``RetryAfter``), each keeping
+its ``lastTransitionTime`` while its status stays.
 
 Written at most every ``BUDGET_STATUS_INTERVAL`` (2 s) per budget, and only when
 what it would say changed; one write per budget at a time, through the request
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentq.clock import Clock, rfc3339
-from agentq.models import BUDGET_PLURAL
+from agentq.models import BUDGET_PLURAL, AgentBudgetStatus
 from agentq.operator import metrics
 from agentq.operator.cores import Cores
 from agentq.operator.gate import RequestGate
@@ -30,7 +34,15 @@ from agentq.operator.indexes import Indexes
 from agentq.operator.port import Kube, KubeError, Reply, Status
 from agentq.operator.store import Store
 from agentq.operator.work import REFUSED_SECONDS, RETRY_SECONDS, UNWRITABLE_SECONDS, Agenda
-from agentq.scheduler.budgets import BudgetState, Window
+from agentq.scheduler.budgets import (
+    ESTIMATE_EXCEEDS_LIMIT,
+    MAX_CONCURRENT,
+    REQUESTS_PER_MINUTE,
+    THROTTLED,
+    TOKENS_PER_MINUTE,
+    BudgetState,
+    Window,
+)
 
 __all__ = ["BUDGET_STATUS_INTERVAL", "BudgetStatuses", "status_of"]
 
@@ -46,6 +58,59 @@ def _wall(at: float, now: float, wall: datetime.datetime) -> str:
     return rfc3339(wall + datetime.timedelta(seconds=at - now))
 
 
+def _saturated(state: BudgetState, waiting: int, now: float) -> tuple[str, str, str]:
+    """(status, reason, message) of the condition Saturated."""
+    if not waiting:
+        return "False", "NoneWaiting", "no task waits for it"
+    if state.throttled_until is not None and state.throttled_until > now:
+        return "True", THROTTLED, f"{waiting} task(s) wait: paused after a provider's 429"
+    full = [
+        (state.available_concurrency, MAX_CONCURRENT, "every concurrent claim is held"),
+        (state.available_requests, REQUESTS_PER_MINUTE, "no requests left in the last minute"),
+        (state.available_tokens, TOKENS_PER_MINUTE, "no tokens left in the last minute"),
+    ]
+    for available, reason, why in full:
+        if available == 0:
+            return "True", reason, f"{waiting} task(s) wait: {why}"
+    return "False", "HasRoom", f"{waiting} task(s) pending, and it has room"
+
+
+def conditions_of(
+    shown: AgentBudgetStatus, state: BudgetState, waiting: int, now: float, stamp: str
+) -> list[dict[str, Any]]:
+    """Saturated and Throttled as they should be; a condition whose status stays keeps
+    its lastTransitionTime."""
+    throttled = state.throttled_until is not None and state.throttled_until > now
+    wanted = [
+        ("Saturated", *_saturated(state, waiting, now)),
+        (
+            "Throttled",
+            "True" if throttled else "False",
+            "RetryAfter" if throttled else "NotThrottled",
+            "a provider answered 429: no grant until throttledUntil"
+            if throttled
+            else "no provider's 429 pauses it",
+        ),
+    ]
+    before = {c.type: c for c in shown.conditions or []}
+    out = []
+    for kind, status, reason, message in wanted:
+        old = before.get(kind)
+        since = stamp
+        if old is not None and old.status.value == status:
+            since = rfc3339(old.last_transition_time)
+        out.append(
+            {
+                "type": kind,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": since,
+            }
+        )
+    return out
+
+
 def status_of(
     state: BudgetState,
     window: Window,
@@ -54,10 +119,14 @@ def status_of(
     generation: int | None,
     now: float,
     wall: datetime.datetime,
+    shown: AgentBudgetStatus | None = None,
 ) -> dict[str, Any]:
     """The status a budget should show (a merge patch: absent limits cleared)."""
     throttled = state.throttled_until
+    stamp = rfc3339(wall)
+    conditions = conditions_of(shown or AgentBudgetStatus(), state, waiting, now, stamp)
     return {
+        "conditions": conditions,
         "inUse": state.in_use,
         "usedRequests": state.used.requests,
         "usedTokens": state.used.tokens,
@@ -84,8 +153,9 @@ def _shown(want: dict[str, Any]) -> tuple[Any, ...]:
     """What a status says, but when it was written (a write only for a change)."""
     window = want["window"]
     return (
-        *(v for k, v in sorted(want.items()) if k != "window"),
+        *(v for k, v in sorted(want.items()) if k not in ("window", "conditions")),
         tuple((b["requests"], b["tokens"]) for b in window["buckets"]),
+        tuple((c["type"], c["status"], c["reason"], c["message"]) for c in want["conditions"]),
     )
 
 
@@ -149,11 +219,13 @@ class BudgetStatuses:
         for name in [n for n in self.budgets if n not in views]:
             del self.budgets[name]
         waiting = self._waiting()
+        oversized = self._oversized()
         for name, view in views.items():
             state = budgets.book.state(name, now)
             if state is None or view.spec is None:
                 continue
             self._gauges(name, state, waiting.get(name, 0))
+            metrics.BUDGET_OVERSIZED.labels(name).set(oversized.get(name, 0))
             budget = self.budgets.get(name)
             if budget is None or budget.uid != view.uid:
                 budget = self.budgets[name] = _Budget(uid=view.uid)
@@ -166,6 +238,7 @@ class BudgetStatuses:
                 generation=view.generation,
                 now=now,
                 wall=wall,
+                shown=view.status,
             )
             said = _shown(want)
             if said == budget.written:
@@ -181,6 +254,25 @@ class BudgetStatuses:
             for (_, named), entry in queue.sets(lane).items():
                 for name in named:
                     counts[name] = counts.get(name, 0) + len(entry.members)
+        return counts
+
+    def _oversized(self) -> dict[str, int]:
+        """Tasks per budget whose estimate exceeds its per-minute limit (a verdict)."""
+        counts: dict[str, int] = {}
+        for key, (reason, _) in self.indexes.budget_held.items():
+            record = self.store.tasks.get(key)
+            if reason != ESTIMATE_EXCEEDS_LIMIT or record is None:
+                continue
+            for entry in record.view.spec.budgets or ():
+                known = self.store.budgets.get(entry.name)
+                spec = known.spec if known is not None else None
+                if spec is None:
+                    continue
+                rpm, tpm = spec.requests_per_minute, spec.tokens_per_minute
+                if (rpm is not None and entry.requests > rpm) or (
+                    tpm is not None and entry.tokens > tpm
+                ):
+                    counts[entry.name] = counts.get(entry.name, 0) + 1
         return counts
 
     def _gauges(self, name: str, state: BudgetState, waiting: int) -> None:

@@ -174,6 +174,11 @@ BUDGET_WAITING = Gauge(
     "Pending tasks naming the AgentBudget (not those it can never admit).",
     ["budget"],
 )
+BUDGET_OVERSIZED = Gauge(
+    "agentq_budget_oversized_tasks",
+    "Tasks whose estimate exceeds the AgentBudget's per-minute limit (never granted).",
+    ["budget"],
+)
 BUDGET_GRANTS = Counter(
     "agentq_budget_grants_total", "Grants that debited the AgentBudget.", ["budget"]
 )
@@ -197,7 +202,13 @@ def forget_budget(budget: str) -> None:
         for resource in ("requests", "tokens", "concurrent"):
             with contextlib.suppress(KeyError):
                 gauge.remove(budget, resource)
-    for single in (BUDGET_THROTTLED, BUDGET_WAITING, BUDGET_GRANTS, BUDGET_THROTTLES):
+    for single in (
+        BUDGET_THROTTLED,
+        BUDGET_WAITING,
+        BUDGET_OVERSIZED,
+        BUDGET_GRANTS,
+        BUDGET_THROTTLES,
+    ):
         with contextlib.suppress(KeyError):
             single.remove(budget)
 

@@ -461,3 +461,26 @@ async def test_the_end_of_an_attempt_carries_what_it_was_accounted() -> None:
     h.report("plain", outcome="Succeeded", result={})
     await h.settle()
     assert "usage" not in h.status("plain")["history"][-1]
+
+
+@run
+async def test_the_budget_status_says_saturated_and_the_gauges_count_oversized_tasks() -> None:
+    from prometheus_client import REGISTRY
+
+    h = Harness()
+    await one_slot(h)
+    h.task(budgeted("huge", "one", requests=10))  # fine: "one" has no per-minute limit
+    h.budget(budget("small").requests_per_minute(5))
+    h.task(budgeted("big", "small", requests=10))
+    await h.advance(3)
+    status = h.kube.get("agentbudgets", "", "one")["status"]  # type: ignore[index]
+    conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conds == {"Saturated": ("True", "MaxConcurrent"), "Throttled": ("False", "NotThrottled")}
+    since = status["conditions"][0]["lastTransitionTime"]
+    await h.advance(3)
+    status = h.kube.get("agentbudgets", "", "one")["status"]  # type: ignore[index]
+    assert status["conditions"][0]["lastTransitionTime"] == since  # kept while it stays
+    assert REGISTRY.get_sample_value("agentq_budget_oversized_tasks", {"budget": "small"}) == 1
+    assert REGISTRY.get_sample_value("agentq_budget_waiting_tasks", {"budget": "one"}) == 2
+    small = h.kube.get("agentbudgets", "", "small")["status"]  # type: ignore[index]
+    assert small["waiting"] == 0  # a task it can never admit does not wait for it
