@@ -152,6 +152,7 @@ def explain(
     phase = (body.get("status") or {}).get("phase")
     lease = cluster.task_lease(body) if phase in ("Assigned", "Running", "Held") else None
     ahead, place, queues = None, None, None
+    budgets: list[Body] | None = None
     named_queue = bool((body.get("spec") or {}).get("queue"))
     if phase in (None, "Pending"):
         views = explaining.parse_workers(workers)
@@ -163,6 +164,8 @@ def explain(
             pass  # explain() below says the task cannot be read
         if named_queue:
             queues = cluster.queues()  # None: forbidden; explain says what it cannot show
+        if (body.get("spec") or {}).get("budgets"):
+            budgets = cluster.budgets()  # None: forbidden; their status is not shown
     try:
         result = explaining.explain(
             body,
@@ -173,6 +176,7 @@ def explain(
             pending_ahead=ahead,
             queue_place=place,
             queues=queues,
+            budgets=budgets,
         )
     except ModelError as err:
         raise OpsError(f"agenttask {task!r} cannot be read: {err}") from err

@@ -48,3 +48,26 @@ def test_a_wait_names_the_budget_and_still_shows_the_placement() -> None:
     assert first.code == "BudgetWait"
     assert "openai" in first.message and "RequestsPerMinute" in first.message
     assert [f.code for f in found.findings][1:] == ["DispatchDue"]
+
+
+def test_a_wait_shows_the_budgets_status() -> None:
+    body = budgeted(
+        "MaxConcurrent",
+        "waiting for AgentBudget openai: every concurrent claim is held",
+        verdict=False,
+    )
+    openai = {
+        "metadata": {"name": "openai"},
+        "spec": {"maxConcurrent": 2, "requestsPerMinute": 60},
+        "status": {"inUse": 2, "usedRequests": 10, "reservedRequests": 2},
+    }
+    found = explain(
+        body,
+        workers=[worker("w", "llm", max_in_flight=4)],
+        events=[],
+        lease=None,
+        now=NOW,
+        budgets=[openai],
+    )
+    message = found.findings[0].message
+    assert "AgentBudget openai: 2/2 claims, requests 10 used + 2 reserved of 60 a minute" in message
