@@ -176,3 +176,37 @@ def test_an_unknown_budget_is_a_condition_not_a_crash(fleet: Fleet, budgets: lis
     assert operator.popen.poll() is None  # still running
     make(fleet, budgets, "later", maxConcurrent=1)
     fleet.wait_phase("waits", "Succeeded", timeout=30)
+
+
+def test_max_concurrent_holds_across_a_leader_failover(fleet: Fleet, budgets: list[str]) -> None:
+    name = make(fleet, budgets, "failover", maxConcurrent=2)
+    fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(8))
+    fleet.agent("pool", "complete", work_seconds=10.0)  # held across the takeover (<= 7 s)
+    flags = ("--leader-election", *FAST)
+    first = fleet.operator(*flags)
+    deadline = time.monotonic() + 30
+    while not fleet.leader():  # the first leads before the standby starts
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.1)
+    second = fleet.operator(*flags)
+    for i in range(4):
+        fleet.add_task(task(f"f-{i}").requires("llm").budget(name, requests=0))
+    killed = None
+    most = 0
+    deadline = time.monotonic() + 120
+    while True:
+        items = fleet.tasks()
+        held = sum(1 for t in items if phase(t) in ("Assigned", "Running"))
+        most = max(most, held)
+        assert held <= 2, [(t["metadata"]["name"], phase(t)) for t in items]
+        if killed is None and held == 2:
+            leader = fleet.leader()
+            (first if str(first.pid) in leader else second).kill()  # with 2 claims held
+            killed = time.monotonic()
+        if all(phase(t) == "Succeeded" for t in items):
+            break
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.05)
+    assert killed is not None and most == 2
+    # The standby took over and granted the rest, never a third claim at once.
+    assert all(t["status"]["attempt"] == 1 for t in items)
