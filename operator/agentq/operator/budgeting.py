@@ -239,6 +239,7 @@ class Budgets:
         if held is None or lease.token is None or lease.token != held.token:
             return
         now = self.clock.monotonic()
+        before = self.book.accounted(held.grant_id)
         usage = _usage(_json(lease.usage))
         if usage:
             self.book.correct(held.grant_id, usage, now)
@@ -247,6 +248,8 @@ class Budgets:
             final = _usage(report.get("usage"))
             if final:
                 self.book.correct(held.grant_id, final, now, final=True)
+        if usage or (isinstance(report, dict) and report.get("usage")):
+            _count_corrections(before, self.book.accounted(held.grant_id))
         self._throttle(_json(lease.throttled), needs_of(task), now)
 
     def _throttle(self, said: object, needs: dict[str, Need], now: float) -> None:
@@ -369,6 +372,20 @@ class Budgets:
             self.book = BudgetBook()
             self.sync_specs()
             self.book.restore(now, grants=grants)
+
+
+def _count_corrections(before: dict[str, Usage], after: dict[str, Usage]) -> None:
+    """``agentq_budget_corrections_total``: what reports moved an attempt's accounted
+    amount (above its estimate: extra; a final report below it: refund)."""
+    for name, now in after.items():
+        was = before.get(name, now)
+        for resource, moved in (
+            ("requests", now.requests - was.requests),
+            ("tokens", now.tokens - was.tokens),
+        ):
+            if moved:
+                direction = "extra" if moved > 0 else "refund"
+                metrics.BUDGET_CORRECTIONS.labels(name, resource, direction).inc(abs(moved))
 
 
 def _json(text: str | None) -> object:

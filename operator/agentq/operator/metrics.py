@@ -182,6 +182,12 @@ BUDGET_OVERSIZED = Gauge(
 BUDGET_GRANTS = Counter(
     "agentq_budget_grants_total", "Grants that debited the AgentBudget.", ["budget"]
 )
+BUDGET_CORRECTIONS = Counter(
+    "agentq_budget_corrections_total",
+    "Amounts agents' reports corrected on the AgentBudget: refund (below the estimate) or "
+    "extra (above).",
+    ["budget", "resource", "direction"],
+)
 BUDGET_THROTTLES = Counter(
     "agentq_budget_throttles_total", "Throttle reports applied to the AgentBudget.", ["budget"]
 )
@@ -202,6 +208,10 @@ def forget_budget(budget: str) -> None:
         for resource in ("requests", "tokens", "concurrent"):
             with contextlib.suppress(KeyError):
                 gauge.remove(budget, resource)
+    for resource in ("requests", "tokens"):
+        for direction in ("extra", "refund"):
+            with contextlib.suppress(KeyError):
+                BUDGET_CORRECTIONS.remove(budget, resource, direction)
     for single in (
         BUDGET_THROTTLED,
         BUDGET_WAITING,

@@ -407,8 +407,16 @@ async def test_a_throttle_on_a_lease_pauses_the_budget_for_everyone_once() -> No
     assert state(h, "p").throttled_until is not None
 
 
+def corrected(resource: str, direction: str) -> float:
+    from prometheus_client import REGISTRY
+
+    labels = {"budget": "t", "resource": resource, "direction": direction}
+    return REGISTRY.get_sample_value("agentq_budget_corrections_total", labels) or 0.0
+
+
 @run
 async def test_reported_usage_corrects_the_grant_and_a_final_report_ends_it() -> None:
+    extra, refund = corrected("tokens", "extra"), corrected("requests", "refund")
     h = Harness()
     await pool(h)
     h.budget(budget("t").tokens_per_minute(6000))
@@ -425,6 +433,8 @@ async def test_reported_usage_corrects_the_grant_and_a_final_report_ends_it() ->
     end = state(h, "t")
     assert (end.used.requests, end.used.tokens) == (2, 3500)  # its last word, not 5
     assert end.reserved.requests == 0 and end.in_use == 0
+    assert corrected("tokens", "extra") - extra == 2500  # 3,500 spent of an estimate of 1,000
+    assert corrected("requests", "refund") - refund == 3  # 2 spent of an estimate of 5
 
 
 @run
