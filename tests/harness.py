@@ -28,7 +28,7 @@ from agentq.operator.port import Kube
 from agentq.operator.records import TaskRecord
 from agentq.operator.silence import ApiSilence, HeardKube
 from agentq.scheduler import Scheduler
-from builders import QueueBuilder, TaskBuilder
+from builders import BudgetBuilder, QueueBuilder, TaskBuilder
 
 NS = "ns"
 
@@ -132,6 +132,10 @@ class Harness:
     def queue(self, builder: QueueBuilder) -> dict[str, Any]:
         """An AgentQueue (cluster-scoped)."""
         return self.kube.put("agentqueues", builder.namespace("").obj())
+
+    def budget(self, builder: BudgetBuilder) -> dict[str, Any]:
+        """An AgentBudget (cluster-scoped)."""
+        return self.kube.put("agentbudgets", builder.namespace("").obj())
 
     def namespace(self, name: str = NS, **labels: str) -> dict[str, Any]:
         """A Namespace with these labels (an AgentQueue's namespaceSelector reads them)."""

@@ -640,11 +640,61 @@ def decide_pending(
     *,
     wall: datetime.datetime,
     verdict: tuple[str, str] | None = None,
+    budget: tuple[str, str] | None = None,
+    budget_wait: tuple[str, str] | None = None,
 ) -> Transition | None:
     """A pending task's conditions. ``Queued`` for a task naming an AgentQueue: False
     (the ``verdict``'s reason and message) while the queue does not admit it -- nothing
     else is judged then --, True once it does. ``Unschedulable``: set while ``missing``
-    says which capabilities no worker of the namespace offers, cleared once one does."""
+    says which capabilities no worker of the namespace offers, cleared once one does.
+    ``Budgeted`` for a task naming AgentBudgets: False with the ``budget`` verdict
+    (none of them can ever admit it as they are) or the ``budget_wait`` (refused at the
+    head of its set for a while), True again once a verdict is lifted."""
+    queue = _queue_conditions(task, missing, wall, verdict)
+    if not task.spec.budgets:
+        return queue
+    status = queue.apply(task.status) if queue is not None else task.status
+    more = _budgeted(status, budget, budget_wait, wall)
+    if more is None:
+        return queue
+    return more if queue is None else queue.then(more)
+
+
+def _budgeted(
+    status: AgentTaskStatus,
+    verdict: tuple[str, str] | None,
+    wait: tuple[str, str] | None,
+    wall: datetime.datetime,
+) -> Transition | None:
+    held = lifecycle.condition(status, lifecycle.BUDGETED)
+    said = verdict or wait
+    if said is not None:
+        reason, message = said
+        if held is not None and not held[0] and held[1] == message:
+            return None
+        return lifecycle.not_budgeted(
+            status, reason=reason, message=message, now=wall, warning=verdict is not None
+        )
+    lifted = (
+        held is not None
+        and not held[0]
+        and lifecycle.condition_reason_of(status, lifecycle.BUDGETED) in _BUDGET_VERDICTS
+    )
+    if lifted:
+        return lifecycle.budgeted(status, message="its AgentBudgets may admit it", now=wall)
+    return None
+
+
+# The reasons of a Budgeted verdict (``scheduler.budgets``: no time cures them).
+_BUDGET_VERDICTS = frozenset({"BudgetNotFound", "EstimateExceedsLimit"})
+
+
+def _queue_conditions(
+    task: TaskView,
+    missing: str | None,
+    wall: datetime.datetime,
+    verdict: tuple[str, str] | None,
+) -> Transition | None:
     if task.spec.queue is not None:
         queued = lifecycle.condition(task.status, lifecycle.QUEUED)
         if verdict is not None:

@@ -58,6 +58,7 @@ QUEUED = "Queued"  # a task naming an AgentQueue: whether the queue admits it
 UNPROCESSABLE = "Unprocessable"
 CANCELLED = "Cancelled"
 REVOKED = "Revoked"
+BUDGETED = "Budgeted"  # a task naming AgentBudgets: whether they admit it (docs/budgets.md)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def grant(
             "conditions": _conditions(
                 status,
                 _condition(ASSIGNED, True, "Assigned", f"assigned to {worker}", stamp),
-                drop=(UNSCHEDULABLE,),
+                drop=(UNSCHEDULABLE, BUDGETED),
             ),
         },
         reason="Assigned",
@@ -475,6 +476,47 @@ def not_queued(
     if status.phase is None:
         patch["phase"] = TaskPhase.PENDING.value
     return Transition(patch=patch, reason=reason, message=message, warning=True)
+
+
+def condition_reason_of(status: AgentTaskStatus, kind: str) -> str | None:
+    """The reason of the condition ``kind``, if the status has it."""
+    for c in status.conditions or []:
+        if c.type == kind:
+            return c.reason
+    return None
+
+
+def not_budgeted(
+    status: AgentTaskStatus,
+    *,
+    reason: str,
+    message: str,
+    now: datetime.datetime,
+    warning: bool,
+) -> Transition:
+    """An AgentBudget the task names does not admit it (``reason``: a verdict -- the
+    budget is missing, the estimate above a limit -- or a wait for room): it waits."""
+    stamp = rfc3339(now)
+    patch: dict[str, Any] = {
+        "conditions": _conditions(status, _condition(BUDGETED, False, reason, message, stamp))
+    }
+    if status.phase is None:
+        patch["phase"] = TaskPhase.PENDING.value
+    return Transition(patch=patch, reason=reason if warning else "", message=message, warning=True)
+
+
+def budgeted(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """The AgentBudgets the task names may admit it again (after a verdict)."""
+    stamp = rfc3339(now)
+    return Transition(
+        patch={
+            "conditions": _conditions(
+                status, _condition(BUDGETED, True, "Admitted", message, stamp)
+            )
+        },
+        reason="",
+        message="",
+    )
 
 
 def queued(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:

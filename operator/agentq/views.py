@@ -474,6 +474,10 @@ class LeaseView:
     # A claim of another namespace's task (``agentq-xtask-<namespace>.<task>``): that
     # namespace, from the name. None: the task is of the Lease's own namespace.
     task_namespace: str | None = None
+    # What its attempt reported spending (agentq.dev/usage) and its last throttle report
+    # (agentq.dev/throttled), as written: read by the budgets (docs/budgets.md).
+    usage: str | None = None
+    throttled: str | None = None
 
     @property
     def key(self) -> Key:
@@ -536,6 +540,8 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
         revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
         task_namespace=task_namespace,
+        usage=_str(annotations.get(protocol.ANNOTATION_USAGE)),
+        throttled=_str(annotations.get(protocol.ANNOTATION_THROTTLED)),
     )
 
 

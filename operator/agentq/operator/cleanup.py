@@ -7,7 +7,10 @@ is a few hundred bytes each, and at most ``limit`` entries, whatever the TTL.
 
 - **When**: ``status.finishedAt`` + the task's ``ttlSecondsAfterFinished`` (else the
   operator's ``TTL_AFTER_FINISHED``), converted once to our monotonic clock, at most
-  the TTL ahead: a wall clock stepped back holds no task for longer than its TTL.
+  the TTL ahead: a wall clock stepped back holds no task for longer than its TTL. A
+  task naming AgentBudgets no sooner than ``HOLD_SECONDS`` (61 s) after it finished,
+  whatever its TTL: a new leader restores a budget's last minute from its tasks'
+  statuses (docs/budgets.md).
 - **How**: a DELETE with preconditions on the uid and the resourceVersion it was seen
   at -- a task re-created under the name, or changed since (a requeue), is not
   deleted; its next event says what it is now. Its Leases go with it (owner
@@ -36,6 +39,7 @@ from agentq.operator import metrics
 from agentq.operator.gate import RequestGate
 from agentq.operator.port import Kube, KubeError, Status
 from agentq.operator.work import RETRY_SECONDS, Stats
+from agentq.scheduler.budgets import HOLD_SECONDS
 from agentq.views import Key, TaskView
 
 __all__ = ["BATCH", "RELIST_RETRY_SECONDS", "RELIST_SECONDS", "Cleanup"]
@@ -101,6 +105,12 @@ class Cleanup:
         if finished is not None:
             left = (finished - self.clock.now()).total_seconds() + ttl
         due = now + max(0.0, min(left, ttl))
+        if view.spec.budgets:
+            # Its last attempt's usage counts for a minute after its end: kept that long.
+            held = float(HOLD_SECONDS)
+            if finished is not None:
+                held = (finished - self.clock.now()).total_seconds() + HOLD_SECONDS
+            due = max(due, now + max(0.0, min(held, HOLD_SECONDS)))
         entry = self.entries.get(key)
         phase = (view.phase.value if view.phase else "") or ""
         if entry is not None and entry.uid == view.uid:

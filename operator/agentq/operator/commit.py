@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from agentq import claims, lifecycle
 from agentq.claims import Decision, LeaseOp
@@ -79,6 +80,7 @@ class Committer:
         retries: Retries,
         stats: Stats,
         credits: Callable[[], int],
+        accounted: Callable[[TaskView, int], list[dict[str, Any]] | None] = lambda t, n: None,
     ) -> None:
         self.store = store
         self.agenda = agenda
@@ -94,6 +96,9 @@ class Committer:
         # How many times time was given back to every Lease (a stall, a silence): an
         # expiry decided before the count moved is decided again, not committed.
         self.credits = credits
+        # What the attempt with this fencing token was accounted on its budgets, while
+        # the budget book holds its grant (``Budgets.accounted``).
+        self.accounted = accounted
 
     def write_ended(self, task: TaskView, lease: LeaseView | None, ticket: int) -> None:
         """The write ``ticket`` about ``task`` ended: decide it again if something asked
@@ -200,7 +205,18 @@ class Committer:
         log.warning("refused a report on %s/%s: %s", task.namespace, task.name, refusal.message)
 
     async def write_status(self, task: TaskView, patch: Body) -> Reply:
-        """A decision's status write: a CAS on the resourceVersion it was decided on."""
+        """A decision's status write: a CAS on the resourceVersion it was decided on. One
+        that ends an attempt of a task naming budgets (a new ``history`` entry for the
+        attempt the budget book holds) carries what it was accounted (``usage``): a new
+        leader restores the budgets from it (docs/budgets.md)."""
+        history = patch.get("history")
+        if task.spec.budgets and isinstance(history, list) and history:
+            last = history[-1]
+            token = last.get("token") if isinstance(last, dict) else None
+            if isinstance(token, int) and "usage" not in last:
+                usage = self.accounted(task, token)
+                if usage:
+                    patch = {**patch, "history": [*history[:-1], {**last, "usage": usage}]}
         return await self.gate.call(
             self.kube.patch_status,
             TASK_PLURAL,

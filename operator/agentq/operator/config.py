@@ -138,6 +138,13 @@ class OperatorConfig:
         help="most writes per second of AgentQueue statuses, all together (changed "
         "conditions first)",
     )
+    # AgentBudget status: a report for people, and the window a new leader resumes from.
+    budget_status_interval: float = setting(
+        2.0,
+        above=0,
+        help="least time between two writes of one AgentBudget's status (s): its window "
+        "is what a new leader restores from (docs/budgets.md)",
+    )
     # A renewal alone never costs a write.
     progress_status_interval: float = setting(
         10.0,

@@ -7,8 +7,9 @@ The data path (docs/architecture.md):
       2. fire the timers that are due
       3. decide the dirty tasks (``decide.Decider``) -> writes (``commit.Committer``)
       4. grant pending tasks (``dispatch.Dispatcher``) -> writes
-      5. publish worker status and gauges (``publish.Publisher``), and AgentQueue
-         status (``queue_status.QueueStatuses``)
+      5. publish worker status and gauges (``publish.Publisher``), AgentQueue
+         status (``queue_status.QueueStatuses``) and AgentBudget status
+         (``budget_status.BudgetStatuses``)
     -> the request gate (slots, leadership) -> the ``port.Kube`` -> the API server
 
 Watch callbacks only record; everything else runs in the step, which never
@@ -37,7 +38,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.clock import Clock, parse_time
-from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
+from agentq.models import BUDGET_PLURAL, QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import invariants, metrics
 from agentq.operator.claim_api import ClaimRef
 from agentq.operator.config import OperatorConfig
@@ -125,6 +126,7 @@ class Controller:
         self.events, self.tokens, self.slots = parts.events, parts.tokens, parts.slots
         self.publisher, self.readiness = parts.publisher, parts.readiness
         self.queue_statuses = parts.queue_statuses
+        self.budget_statuses = parts.budget_statuses
         self.confirmer, self.leases = parts.confirmer, parts.leases
         self.committer, self.decider = parts.committer, parts.decider
         self.dispatcher, self.follower = parts.dispatcher, parts.follower
@@ -144,6 +146,8 @@ class Controller:
             self.store.observe_worker(body, deleted=deleted)
         elif plural == QUEUE_PLURAL:
             self.store.observe_queue(body, deleted=deleted)
+        elif plural == BUDGET_PLURAL:
+            self.store.observe_budget(body, deleted=deleted)
         elif plural == "namespaces":
             self.store.observe_namespace(body, deleted=deleted)
         elif plural == "leases":
@@ -189,6 +193,7 @@ class Controller:
             self.dispatcher.dispatch()
             self.publisher.publish()
             self.queue_statuses.publish()
+            self.budget_statuses.publish()
             self.cleanup.run()
         self.publisher.gauges()
         if self.strict:
@@ -303,12 +308,14 @@ class Controller:
         for record in self.store.tasks.values():
             record.grace = None  # recovered from status.graceUntil when decided
             record.retry_at = record.redecide_at = record.lost_race_at = None
+            record.budget_wait = None
             if record.doubt is not None:  # a grant of unknown outcome: still held till then
                 self.agenda.at(record.doubt[1], (TIMER_TASK, record.key))
         for worker in self.store.workers.values():
             worker.diagnosed_at = -math.inf  # a read cancelled with the lead: read again
         self.publisher.reset()
         self.queue_statuses.reset()
+        self.budget_statuses.reset()
         self.cleanup.reset()
         self.cores.clear()
         self.follower.rebuild(urgent=True)

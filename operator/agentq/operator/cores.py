@@ -13,7 +13,8 @@ follow the records through two functions, the only places that change them:
   Running (``wanted_holder``).
 
 ``queues`` is the queue level (``tenants.QueueLevel``): which AgentQueue is served
-next, over the namespaces' ledgers.
+next, over the namespaces' ledgers. ``budgets`` is the budget book
+(``budgeting.Budgets``): ``sync_load`` keeps its grants as the records say too.
 
 Cores exist only while leading: a new leader builds them afresh from the store.
 """
@@ -25,7 +26,9 @@ from collections.abc import Mapping
 
 from agentq import protocol
 from agentq.claims import Readiness
+from agentq.clock import Clock
 from agentq.models import MIN_WEIGHT, TaskPhase
+from agentq.operator.budgeting import Budgets
 from agentq.operator.records import TaskRecord, WorkerRecord
 from agentq.operator.store import Store
 from agentq.operator.tenants import QueueLevel
@@ -75,7 +78,7 @@ def core_spec(worker: WorkerView, readiness: tuple[Readiness, str] | None) -> Wo
 class Cores:
     """The DRR core of each namespace (see the module docstring)."""
 
-    def __init__(self, store: Store, claims: Mapping[Key, set[str]]) -> None:
+    def __init__(self, store: Store, claims: Mapping[Key, set[str]], clock: Clock) -> None:
         self.store = store
         # worker -> the claim ids of the tasks its status holds (indexes.claims)
         self.claims = claims
@@ -85,6 +88,7 @@ class Cores:
         # says by then. Tasks of the worker's own namespace are not in it.
         self.loaded: dict[Key, str] = {}
         self.queues = QueueLevel()
+        self.budgets = Budgets(store, clock)
 
     def get(self, namespace: str) -> Scheduler | None:
         return self.by_namespace.get(namespace)
@@ -103,6 +107,7 @@ class Cores:
         self.by_namespace.clear()
         self.loaded.clear()
         self.queues.clear()
+        self.budgets.clear()
 
     def upsert_worker(self, key: Key, record: WorkerRecord | None) -> list[Key]:
         """Make the core agree with the worker's record (None: deleted); returns the
@@ -137,7 +142,9 @@ class Cores:
     ) -> tuple[Key | None, Key | None]:
         """Make the core's hold of ``key`` what its record says; returns (the worker it
         left, the worker it joined) when it moved. ``succeeded``: the task left the store
-        because it succeeded (its cost counts as served)."""
+        because it succeeded (its cost counts as served). The budget book's grant of the
+        task follows the record too (``Budgets.sync``)."""
+        self.budgets.sync(key, record)
         was = self.loaded.get(key, key[0]) if self.loaded else key[0]
         where = key[0] if record is None else holder_namespace(record)
         core = self.of(was)

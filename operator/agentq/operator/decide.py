@@ -18,6 +18,7 @@ from agentq import claims, protocol
 from agentq.claims import Decision, LeaseOp
 from agentq.clock import Clock
 from agentq.models import TaskPhase
+from agentq.operator.budgeting import WAIT_REPORT_SECONDS
 from agentq.operator.commit import Committer
 from agentq.operator.gate import RequestGate
 from agentq.operator.health import WatchHealth
@@ -108,6 +109,8 @@ class Decider:
                 else None,
                 wall=self.clock.now(),
                 verdict=verdict,
+                budget=self.indexes.budget_held.get(key),
+                budget_wait=_reported_wait(record, now),
             )
             if pending is not None:
                 decision = Decision(transition=pending, refusal=decision.refusal)
@@ -235,3 +238,11 @@ class Decider:
             self.agenda.at(due, (TIMER_TASK, key))  # renewed since: look again then
         else:
             self.agenda.dirty.add(key)
+
+
+def _reported_wait(record: TaskRecord, now: float) -> tuple[str, str] | None:
+    """The budget wait the task's condition should say: once it lasted a while."""
+    wait = record.budget_wait
+    if wait is None or now - wait[2] < WAIT_REPORT_SECONDS:
+        return None
+    return wait[0], wait[1]

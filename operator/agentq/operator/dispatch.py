@@ -13,6 +13,14 @@ is not made. A namespace no queue uses is served as before, apart. A re-dispatch
 prefers another worker than the ones its failed attempts ran on (the task's
 avoid set, ``claims.workers_to_avoid``).
 
+A set whose tasks name AgentBudgets (docs/budgets.md) is asked of the budget book
+(``budgeting.Budgets``) before the worker-level core: a refusal skips that set
+for the pass -- other sets and lanes go past it -- and puts the time room may
+come back on the agenda; an admitted grant is debited in the same step. What
+follows (a refund when the grant did not land, a release when its claim ends)
+follows the task's record (``Budgets.sync``). Tasks naming no budget never reach
+the book.
+
 A grant is the status compare-and-swap (phase Assigned, worker, attempt, a new
 fencing token from ``TokenAllocator``), then the claim's Lease, then its Event.
 A lost race (409) or a refusal gives the decision back to the core (``abort``),
@@ -38,6 +46,7 @@ from typing import Any
 from agentq import claims, lifecycle, protocol
 from agentq.clock import Clock
 from agentq.operator import metrics
+from agentq.operator.budgeting import WAIT_REPORT_SECONDS, wait_message
 from agentq.operator.commit import Committer
 from agentq.operator.cores import Cores
 from agentq.operator.gate import RequestGate
@@ -45,18 +54,21 @@ from agentq.operator.indexes import Indexes
 from agentq.operator.leases import ClaimLeases
 from agentq.operator.port import KubeError, NotLeading, Status
 from agentq.operator.publish import Publisher
-from agentq.operator.queue import Lane, QueueKey
+from agentq.operator.queue import Lane, QueueKey, SetKey
+from agentq.operator.records import TaskRecord
 from agentq.operator.store import Store
 from agentq.operator.tokens import TokenAllocator
 from agentq.operator.work import (
     REFUSED_SECONDS,
     RETRY_SECONDS,
+    TIMER_BUDGET,
     TIMER_TASK,
     Agenda,
     Retries,
     Stats,
 )
 from agentq.scheduler import Assignment, Scheduler, TaskSpec
+from agentq.scheduler.budgets import Wait
 from agentq.scheduler.tenancy import Charge
 from agentq.views import TaskView
 
@@ -127,6 +139,10 @@ class Dispatcher:
         queue = self.indexes.queue
         if queue.touched:
             self.cores.queues.refresh(queue)
+        if not self.cores.budgets.restored:
+            # A new leader's budget book, from what the API server shows, before its
+            # first grant (the store is complete: dispatch runs once it is synced).
+            self.cores.budgets.restore()
         budget = self.batch - len(self.grants)
         if budget <= 0:
             return
@@ -144,7 +160,7 @@ class Dispatcher:
             scheduler = self.cores.get(lane[0])
             if scheduler is None:
                 continue
-            blocked: set[frozenset[str]] = set()
+            blocked: set[SetKey] = set()
             while budget > 0:
                 outcome = self._one(lane, scheduler, blocked, None)
                 if outcome is _GRANTED:
@@ -163,7 +179,7 @@ class Dispatcher:
         queue = self.indexes.queue
         level.share_namespaces(queue, shared)
         exclude: set[str] = set()
-        blocked: dict[tuple[str, str], set[frozenset[str]]] = {}
+        blocked: dict[tuple[str, str], set[SetKey]] = {}
         while budget > 0:
             level.refresh(queue)
             leaf = level.tree.pick(frozenset(exclude))
@@ -192,27 +208,28 @@ class Dispatcher:
         self,
         lane: Lane,
         scheduler: Scheduler,
-        blocked: set[frozenset[str]],
+        blocked: set[SetKey],
         leaf: str | None,
     ) -> object:
-        """Grant the first head of ``lane`` (over its capability sets not ``blocked``)
-        some worker can take: ``_GRANTED``; ``_NONE`` when none can (or the head's write
+        """Grant the first head of ``lane`` (over its sets not ``blocked``) its budgets
+        admit and some worker can take: ``_GRANTED``; ``_NONE`` when none can (or the head's write
         is in flight: the lane waits for the next step); ``_STOP`` when the fencing tokens
         ran out. ``leaf``: the queue level's leaf to charge."""
         queue = self.indexes.queue
         namespace = lane[0]
         while True:
             # The first head of all sets: highest priority, then oldest.
-            best: tuple[QueueKey, frozenset[str]] | None = None
-            for required in queue.sets(lane):
-                if required in blocked:
+            best: tuple[QueueKey, SetKey] | None = None
+            for where in queue.sets(lane):
+                if where in blocked:
                     continue
-                head = queue.head(lane, required)
+                head = queue.head(lane, where)
                 if head is not None and (best is None or head < best[0]):
-                    best = (head, required)
+                    best = (head, where)
             if best is None:
                 return _NONE
-            name, required = best[0][2], best[1]
+            name, where = best[0][2], best[1]
+            required, named = where
             # ``name`` is the claim id: a task of another namespace is <namespace>~<task>.
             key = protocol.claim_task(namespace, name)
             record = self.store.tasks.get(key)
@@ -225,17 +242,26 @@ class Dispatcher:
             if record is None or not record.view.pending:
                 # Not grantable after all (the invariants say this never happens):
                 # off the queue; the record's next change puts it back if it should.
-                queue.pop(lane, required)
+                queue.pop(lane, where)
                 continue
             task = record.view
             if self.tokens.forged(task.status.fencing_token or 0):
-                queue.pop(lane, required)  # decided (Failed): not granted
+                queue.pop(lane, where)  # decided (Failed): not granted
                 self.agenda.decide(key)
                 continue
             current = task.status.fencing_token or 0
             if not self.tokens.ready(current):
                 self._refill_tokens()
                 return _STOP
+            now = self.clock.monotonic() if named else 0.0  # (only a budget reads it)
+            if named:
+                wait = self.cores.budgets.admits(task, now)
+                if wait is not None:
+                    # No room in a budget it names: this set waits (no overtaking inside
+                    # it); the lane's other sets, and other lanes, go past it.
+                    blocked.add(where)
+                    self._budget_refused(record, wait, now)
+                    continue
             planned = scheduler.plan(
                 [
                     TaskSpec(
@@ -251,11 +277,14 @@ class Dispatcher:
                 # No worker can take this set now: skip it whole. No token is taken until
                 # the core has placed the task (taken first, every step of a backlog used
                 # one up, and the grants soon waited for a refill of the block).
-                blocked.add(required)
+                blocked.add(where)
                 continue
             token = self.tokens.take(current)
             assert token is not None  # ready() said so, and nothing ran in between
-            queue.pop(lane, required)
+            queue.pop(lane, where)
+            if named:
+                self.cores.budgets.debit(task, token, now)  # before the grant is sent
+                record.budget_wait = None
             charge = None if leaf is None else self.cores.queues.charge(leaf, task.spec.cost)
             foreign = key[0] != namespace  # a claim across namespaces (docs/tenancy.md)
             ticket = self.store.start_write(
@@ -281,6 +310,22 @@ class Dispatcher:
             self.grants.add(grant)
             grant.add_done_callback(self.grants.discard)
             return _GRANTED
+
+    def _budget_refused(self, record: TaskRecord, wait: Wait, now: float) -> None:
+        """The head of a set refused by ``wait``'s budget: a step when room may come back
+        by time alone, and the task's condition once it has waited a while."""
+        if wait.until is not None:
+            self.agenda.at(wait.until, (TIMER_BUDGET, ("", wait.budget)))
+        message = wait_message(wait, now)
+        held = record.budget_wait
+        since = now if held is None else held[2]
+        if held is None or held[:2] != (wait.reason, message):
+            record.budget_wait = (wait.reason, message, since)
+        due = since + WAIT_REPORT_SECONDS
+        if due > now:
+            self.agenda.at(due, (TIMER_TASK, record.key))  # decided then: its condition
+        elif lifecycle.condition(record.view.status, lifecycle.BUDGETED) != (False, message):
+            self.agenda.dirty.add(record.key)  # its condition says so now
 
     def _refill_tokens(self) -> None:
         """Reserve the next block of fencing tokens, once at a time. In flight is judged by

@@ -77,12 +77,13 @@ class Follower:
         """Make the indexes, cores and readiness agree with every record that changed."""
         changed = self.store.changed
         while changed:
-            workers, leases, tasks, finished, tenancy = (
+            workers, leases, tasks, finished, tenancy, budgets = (
                 list(changed.workers),
                 list(changed.leases.items()),
                 list(changed.tasks.items()),
                 list(changed.finished.items()),
                 changed.tenancy,
+                changed.budgets,
             )
             changed.clear()
             self._finished(finished)
@@ -90,6 +91,10 @@ class Follower:
                 self.agenda.dirty.update(self.indexes.sync_tenancy())
                 self.cores.queues.sync(self.indexes.topology, self.indexes.queue)
                 self.queue_statuses.changed()
+            if budgets:
+                if self.cores.budgets.restored:
+                    self.cores.budgets.sync_specs()
+                self.agenda.dirty.update(self.indexes.sync_budgets())
             for key in workers:
                 self._apply_worker(key)
             ended = dict(finished)
@@ -111,6 +116,7 @@ class Follower:
         xleases = self.store.xleases
         for key, view in finished:
             self.cleanup.saw(key, view)
+            self.cores.budgets.saw_finished(key, view)
             if view is not None:
                 self.tokens.observe(view.status.fencing_token)
             elif xleases and key in xleases and key not in self.store.tasks:
@@ -161,6 +167,7 @@ class Follower:
                 # went (no owner reference: nobody else deletes it).
                 self.delete_lease(subject, new)
             return
+        self.cores.budgets.lease_seen(task, new)  # usage and throttles its agent reported
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
 

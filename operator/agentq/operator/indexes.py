@@ -19,7 +19,10 @@ builds them afresh and compares.
   tree the records describe; the verdict on each pending task whose queue does not
   admit it (it is no member of ``queue``: ``tenants.judge``); the claims
   (Assigned/Running) of each queue, as the task statuses say, and its pending
-  tasks, whatever their verdict (both for the queue's status).
+  tasks, whatever their verdict (both for the queue's status);
+- ``budget_held``: the verdict on each pending task one of whose AgentBudgets can
+  never admit it (missing, or a per-minute limit below its estimate: it is no
+  member of ``queue``; ``budgeting.verdict_of``), judged again when a budget changes.
 
 The scheduling core's load is kept by ``agentq.operator.cores``.
 """
@@ -33,6 +36,7 @@ from datetime import datetime
 from agentq import claims, protocol
 from agentq.clock import Clock
 from agentq.models import TaskPhase
+from agentq.operator import budgeting
 from agentq.operator.queue import PendingQueue
 from agentq.operator.records import TaskRecord, WorkerRecord
 from agentq.operator.store import Store
@@ -184,6 +188,8 @@ class Indexes:
         self.topology = Topology()
         self.held: dict[Key, Verdict] = {}  # pending tasks their queue does not admit
         self.naming: set[Key] = set()  # pending tasks that name a queue (judged again)
+        self.budget_held: dict[Key, Verdict] = {}  # pending tasks a budget never admits
+        self.budget_naming: set[Key] = set()  # pending tasks that name budgets
         self.queue_claims: Counter[str] = Counter()  # AgentQueue -> its claims
         # AgentQueue -> the pending tasks naming it, whatever their verdict (its status)
         self.queue_pending: Counter[str] = Counter()
@@ -202,6 +208,7 @@ class Indexes:
         old = self._entries.pop(key, None)
         new: _Entry | None = None
         verdict: Verdict | None = None
+        barred: Verdict | None = None
         if record is not None:
             view = record.view
             member = view.pending and view.problem is None
@@ -212,6 +219,13 @@ class Indexes:
                     member = verdict is None
                 else:
                     self.naming.discard(key)
+            if view.spec.budgets:
+                if member:
+                    self.budget_naming.add(key)
+                    barred = budgeting.verdict_of(view, self.store)
+                    member = barred is None
+                else:
+                    self.budget_naming.discard(key)
             new = _Entry(
                 phase_name(view),
                 claim_holder(view),
@@ -226,10 +240,15 @@ class Indexes:
                 record.progress_written = None
         else:
             self.naming.discard(key)
+            self.budget_naming.discard(key)
         if verdict is None:
             self.held.pop(key, None)
         else:
             self.held[key] = verdict
+        if barred is None:
+            self.budget_held.pop(key, None)
+        else:
+            self.budget_held[key] = barred
         if old is not None:
             self.phases[old.phase] -= 1
             if old.queue_claim is not None:
@@ -282,6 +301,7 @@ class Indexes:
             ready=ready,
             priority=record.view.spec.priority,
             queue=record.view.spec.queue or "",
+            budgets=budgeting.signature(record.view),
         )
         if start is not None and not ready:
             self.timers.push(start, (TIMER_BACKOFF, key))
@@ -324,6 +344,17 @@ class Indexes:
     def verdict(self, key: Key) -> Verdict | None:
         return self.held.get(key)
 
+    def sync_budgets(self) -> list[Key]:
+        """Every pending task that names budgets judged again (an AgentBudget changed);
+        returns those whose verdict changed (to be decided again)."""
+        redecide: list[Key] = []
+        for key in list(self.budget_naming):
+            before = self.budget_held.get(key)
+            self.sync_task(key, self.store.tasks.get(key))
+            if self.budget_held.get(key) != before:
+                redecide.append(key)
+        return redecide
+
     def _coverage_changed(self, namespace: str) -> list[Key]:
         queued = self.queue.required_sets(namespace)
         for key in [k for k in self.uncovered if k[0] == namespace and k[1] not in queued]:
@@ -365,6 +396,8 @@ class Indexes:
         self.queue = PendingQueue()
         self.held.clear()
         self.naming.clear()
+        self.budget_held.clear()
+        self.budget_naming.clear()
         self.queue_claims.clear()
         self.queue_pending.clear()
         self.claims.clear()

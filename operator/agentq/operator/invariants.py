@@ -31,6 +31,7 @@ from datetime import datetime
 
 from agentq import claims, protocol
 from agentq.claims import Readiness
+from agentq.operator import budgeting
 from agentq.operator.cores import Cores, core_spec, holder_namespace, wanted_holder
 from agentq.operator.indexes import (
     Indexes,
@@ -88,6 +89,7 @@ def check(
     out += _xleases(store)
     out += _coverage(store, indexes)
     out += _cores(store, cores)
+    out += _budget_grants(store, cores)
     out += _queue_level(indexes, cores)
     out += _readiness(store, agenda, now, later)
     out += _task_timers(store, agenda, next_deadline, healthy, later)
@@ -105,6 +107,7 @@ def _queue(
     if topo != indexes.topology:
         out.append(Violation("tenancy", "-", "the queue tree differs from the AgentQueues'"))
     held = dict(indexes.held)
+    budget_held = dict(indexes.budget_held)
     claims_of: Counter[str] = Counter()
     pending_of: Counter[str] = Counter()
     for key, record in store.tasks.items():
@@ -118,6 +121,10 @@ def _queue(
         if held.pop(key, None) != verdict:
             out.append(Violation("tenancy", _name(key), f"its verdict should be {verdict}"))
         member = member and verdict is None
+        barred = budgeting.verdict_of(view, store) if member and view.spec.budgets else None
+        if budget_held.pop(key, None) != barred:
+            out.append(Violation("budgets", _name(key), f"its verdict should be {barred}"))
+        member = member and barred is None
         place = queue_member(view, topo) if member else key
         shown = live.pop(place, None)
         if not member:
@@ -147,6 +154,8 @@ def _queue(
         out.append(Violation("queue", _name(key), "in the queue but not in the store"))
     for key in held:
         out.append(Violation("tenancy", _name(key), "a verdict held for no pending task"))
+    for key in budget_held:
+        out.append(Violation("budgets", _name(key), "a verdict held for no pending task"))
     if +indexes.queue_claims != claims_of:
         out.append(
             Violation(
@@ -163,6 +172,26 @@ def _queue(
                 f"queue pending {dict(indexes.queue_pending)}, the tasks say {dict(pending_of)}",
             )
         )
+    return out
+
+
+def _budget_grants(store: Store, cores: Cores) -> list[Violation]:
+    """The budget book holds a grant for every task naming budgets whose claim is held
+    (or whose grant is in flight or in doubt), and for nothing else."""
+    budgets = cores.budgets
+    if not budgets.restored:
+        return []  # a new leader restores the book before its first grant
+    out: list[Violation] = []
+    for key, record in store.tasks.items():
+        holds = record.view.spec.budgets and wanted_holder(record) is not None
+        if holds and key not in budgets.open:
+            out.append(Violation("budgets", _name(key), "its claim holds no grant in the book"))
+    for key in budgets.open:
+        held = store.tasks.get(key)
+        if held is None or wanted_holder(held) is None:
+            out.append(Violation("budgets", _name(key), "the book holds a grant it has not"))
+    if set(budgets.book.grants()) != {held.grant_id for held in budgets.open.values()}:
+        out.append(Violation("budgets", "-", "the book's grants differ from the open ones"))
     return out
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentq import GROUP, VERSION, kube, protocol
 from agentq.clock import SystemClock
-from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
+from agentq.models import BUDGET_PLURAL, QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.operator import metrics
 from agentq.operator.claim_api import ClaimServer
 from agentq.operator.config import OperatorConfig
@@ -94,7 +94,7 @@ def _informers(
             )
     # The first decisions wait for the cluster-scoped lists too (a task naming a queue
     # is not judged on an empty store).
-    for plural in (QUEUE_PLURAL, "namespaces"):
+    for plural in CLUSTER_PLURALS:
         pending.add((plural, None))
 
     def cluster_synced(plural: str) -> None:
@@ -112,10 +112,10 @@ def cluster_informers(
     silence: ApiSilence,
     on_synced: Callable[[str], None],
 ) -> list[Informer]:
-    """Cluster-scoped, whatever namespaces are watched: the AgentQueues, and the
-    namespaces' labels their namespaceSelectors read."""
+    """Cluster-scoped, whatever namespaces are watched: the AgentQueues, the
+    AgentBudgets, and the namespaces' labels the queues' namespaceSelectors read."""
     informers = []
-    for plural in (QUEUE_PLURAL, "namespaces"):
+    for plural in CLUSTER_PLURALS:
         informers.append(
             Informer(
                 client,
@@ -125,12 +125,16 @@ def cluster_informers(
                 on_synced=functools.partial(on_synced, plural),
                 on_health=lambda ok: None,  # (no claim's expiry depends on them)
                 on_heard=silence.heard,
-                # Without the AgentQueue CRD (an older install), no task can name a queue.
-                optional=plural == QUEUE_PLURAL,
+                # Without the AgentQueue (AgentBudget) CRD -- an older install -- no task
+                # can name a queue (a budget).
+                optional=plural in (QUEUE_PLURAL, BUDGET_PLURAL),
             )
         )
     return informers
 
+
+#: The cluster-scoped lists the first decisions wait for, besides the namespaced ones.
+CLUSTER_PLURALS = (QUEUE_PLURAL, BUDGET_PLURAL, "namespaces")
 
 KOPF_SYNCED = "kopf"  # kopf's watches of tasks, workers and Leases (kopfwatch.SyncSignal)
 
@@ -217,10 +221,10 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             controller.catch_up = catch_up
         controller.cleanup.relist = catch_up  # finished tasks over MAX_FINISHED, again
     else:
-        # kopf watches tasks, workers and Leases; the queues and namespaces are the
-        # informer's. The first decisions wait for both (as in informer mode: a task
+        # kopf watches tasks, workers and Leases; the queues, budgets and namespaces are
+        # the informer's. The first decisions wait for both (as in informer mode: a task
         # naming a queue is not judged on an empty store).
-        on_synced = all_synced([KOPF_SYNCED, QUEUE_PLURAL, "namespaces"], controller.set_synced)
+        on_synced = all_synced([KOPF_SYNCED, *CLUSTER_PLURALS], controller.set_synced)
         for informer in cluster_informers(watch_client, controller, silence, on_synced):
             watchers.append(
                 asyncio.create_task(informer.run(watch_stop), name=f"watch-{informer.plural}")

@@ -158,6 +158,83 @@ def forget_worker(namespace: str, worker: str) -> None:
             gauge.remove(namespace, worker)
 
 
+BUDGET_LIMIT = Gauge(
+    "agentq_budget_limit",
+    "The AgentBudget's limit (resource: requests or tokens per minute, concurrent claims).",
+    ["budget", "resource"],
+)
+BUDGET_USED = Gauge(
+    "agentq_budget_used",
+    "Usage placed on the AgentBudget in the last minute (concurrent: claims held).",
+    ["budget", "resource"],
+)
+BUDGET_RESERVED = Gauge(
+    "agentq_budget_reserved",
+    "Estimates of the AgentBudget's running attempts not yet reported spent.",
+    ["budget", "resource"],
+)
+BUDGET_AVAILABLE = Gauge(
+    "agentq_budget_available",
+    "limit - used - reserved of the AgentBudget (concurrent: maxConcurrent - inUse).",
+    ["budget", "resource"],
+)
+BUDGET_THROTTLED = Gauge(
+    "agentq_budget_throttled", "1 while a throttle pauses the AgentBudget.", ["budget"]
+)
+BUDGET_WAITING = Gauge(
+    "agentq_budget_waiting_tasks",
+    "Pending tasks naming the AgentBudget (not those it can never admit).",
+    ["budget"],
+)
+BUDGET_OVERSIZED = Gauge(
+    "agentq_budget_oversized_tasks",
+    "Tasks whose estimate exceeds the AgentBudget's per-minute limit (never granted).",
+    ["budget"],
+)
+BUDGET_GRANTS = Counter(
+    "agentq_budget_grants_total", "Grants that debited the AgentBudget.", ["budget"]
+)
+BUDGET_CORRECTIONS = Counter(
+    "agentq_budget_corrections_total",
+    "Amounts agents' reports corrected on the AgentBudget: refund (below the estimate) or "
+    "extra (above).",
+    ["budget", "resource", "direction"],
+)
+BUDGET_THROTTLES = Counter(
+    "agentq_budget_throttles_total", "Throttle reports applied to the AgentBudget.", ["budget"]
+)
+
+
+def set_or_drop(gauge: Gauge, labels: tuple[str, ...], value: float | None) -> None:
+    """Set a labelled series, or drop it for None (a limit the spec does not set)."""
+    if value is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
+def forget_budget(budget: str) -> None:
+    """Drop the series of a deleted AgentBudget."""
+    for gauge in (BUDGET_LIMIT, BUDGET_USED, BUDGET_RESERVED, BUDGET_AVAILABLE):
+        for resource in ("requests", "tokens", "concurrent"):
+            with contextlib.suppress(KeyError):
+                gauge.remove(budget, resource)
+    for resource in ("requests", "tokens"):
+        for direction in ("extra", "refund"):
+            with contextlib.suppress(KeyError):
+                BUDGET_CORRECTIONS.remove(budget, resource, direction)
+    for single in (
+        BUDGET_THROTTLED,
+        BUDGET_WAITING,
+        BUDGET_OVERSIZED,
+        BUDGET_GRANTS,
+        BUDGET_THROTTLES,
+    ):
+        with contextlib.suppress(KeyError):
+            single.remove(budget)
+
+
 def forget_queue(queue: str) -> None:
     """Drop the series of a deleted AgentQueue."""
     for gauge in (

@@ -11,6 +11,7 @@ from typing import Any
 from agentq import claims
 from agentq.clock import Clock
 from agentq.operator.blind import BlindTime
+from agentq.operator.budget_status import BudgetStatuses
 from agentq.operator.cleanup import Cleanup
 from agentq.operator.commit import Committer
 from agentq.operator.config import OperatorConfig
@@ -50,6 +51,7 @@ class Parts:
     tokens: TokenAllocator
     publisher: Publisher
     queue_statuses: QueueStatuses
+    budget_statuses: BudgetStatuses
     readiness: WorkerReadiness
     confirmer: ExpiryConfirmer
     leases: ClaimLeases
@@ -84,7 +86,7 @@ def wire(
     store.watched = tuple(config.namespaces)
     agenda = Agenda(poke)
     indexes = Indexes(timers=agenda.timers, clock=clock, store=store)
-    cores = Cores(store, indexes.claims)
+    cores = Cores(store, indexes.claims, clock)
     retries = Retries(store, agenda, clock)
     # Time the operator could not watch is given back to every Lease.
     blind = BlindTime(
@@ -142,6 +144,16 @@ def wire(
         config=config,
         stats=stats,
     )
+    budget_statuses = BudgetStatuses(
+        store=store,
+        indexes=indexes,
+        cores=cores,
+        agenda=agenda,
+        gate=gate,
+        kube=kube,
+        clock=clock,
+        interval=config.budget_status_interval,
+    )
     readiness = WorkerReadiness(
         store=store,
         cores=cores,
@@ -175,6 +187,7 @@ def wire(
         retries=retries,
         stats=stats,
         credits=lambda: blind.credits,
+        accounted=cores.budgets.accounted,
     )
     decider = Decider(
         store=store,
@@ -239,6 +252,7 @@ def wire(
         tokens=tokens,
         publisher=publisher,
         queue_statuses=queue_statuses,
+        budget_statuses=budget_statuses,
         readiness=readiness,
         confirmer=confirmer,
         leases=leases,

@@ -285,12 +285,13 @@ class Publisher:
         for namespace in queue.namespaces():
             unschedulable = 0
             for lane in queue.lanes_of(namespace):
-                for required, entry in queue.sets(lane).items():
+                for where, entry in queue.sets(lane).items():
+                    required = where[0]
                     label = ",".join(sorted(required)) or "-"
                     pending[label] = pending.get(label, 0) + len(entry.members)
                     if self.indexes.uncovered.get((namespace, required)):
                         unschedulable += len(entry.members)
-                    head = queue.head(lane, required)
+                    head = queue.head(lane, where)
                     if head is not None:
                         record = self.store.tasks.get((namespace, head[2]))
                         if record is not None and record.pending_since is not None:

@@ -1,11 +1,14 @@
-"""Pending tasks per lane and required-capability set, by priority then age (Kueue's queues).
+"""Pending tasks per lane and set, by priority then age (Kueue's queues).
 
 A *lane* is ``(namespace, queue)``: the tasks of a namespace without
 ``spec.queue`` are its lane ``(namespace, "")``; the tasks admitted to a leaf
 AgentQueue are the lane ``(namespace, queue)`` (``docs/tenancy.md``).
 
-Dispatch pops heads instead of sorting every task: a capability set no available
-worker covers is skipped whole, in O(1) per set. ``members`` are every pending
+A *set* is keyed ``(required capabilities, budget names)`` (``SetKey``): the tasks
+of a lane that need the same capabilities and name the same AgentBudgets
+(docs/budgets.md). Dispatch pops heads instead of sorting every task: a set no
+available worker covers, or whose head a budget refuses now, is skipped whole,
+in O(1) per set. ``members`` are every pending
 task of a set; ``queued`` those that may be granted now, each with a heap entry
 (entries of tasks no longer queued, or queued since under another key -- a
 changed priority -- are dropped lazily). The order is ``spec.priority``
@@ -25,17 +28,19 @@ from dataclasses import dataclass, field
 
 from agentq.views import Key
 
-__all__ = ["Lane", "PendingQueue", "QueueKey"]
+__all__ = ["Lane", "PendingQueue", "QueueKey", "SetKey"]
 
 #: A task's place: (-priority, created, name); the least goes first.
 QueueKey = tuple[int, str, str]
 #: (namespace, AgentQueue name; "" for the namespace's tasks without spec.queue)
 Lane = tuple[str, str]
+#: (required capabilities, the names of the AgentBudgets its tasks name)
+SetKey = tuple[frozenset[str], frozenset[str]]
 
 
 @dataclass
 class _Set:
-    """Pending tasks of one (lane, capability set)."""
+    """Pending tasks of one (lane, capability set, budget names)."""
 
     heap: list[QueueKey] = field(default_factory=list)
     members: set[str] = field(default_factory=set)  # every pending task of the set
@@ -43,12 +48,12 @@ class _Set:
 
 
 class PendingQueue:
-    """Pending tasks, per lane and capability set: highest priority, then oldest
-    (created, name), first."""
+    """Pending tasks, per lane and set (capabilities, budgets): highest priority, then
+    oldest (created, name), first."""
 
     def __init__(self) -> None:
-        self._sets: dict[Lane, dict[frozenset[str], _Set]] = {}
-        self._where: dict[Key, tuple[Lane, frozenset[str]]] = {}
+        self._sets: dict[Lane, dict[SetKey, _Set]] = {}
+        self._where: dict[Key, tuple[Lane, SetKey]] = {}
         self._lanes_of: dict[str, set[Lane]] = {}  # namespace -> its lanes
         self.touched: set[Lane] = set()  # queue lanes whose queued tasks changed
 
@@ -61,22 +66,24 @@ class PendingQueue:
         ready: bool,
         priority: int = 0,
         queue: str = "",
+        budgets: frozenset[str] = frozenset(),
     ) -> None:
         """``key`` is pending; ``ready``: it may be granted now (else it waits, a member)."""
         namespace, name = key
         lane = (namespace, queue)
+        where = (required, budgets)
         old = self._where.get(key)
-        if old is not None and old != (lane, required):
+        if old is not None and old != (lane, where):
             self.remove(key)
         sets = self._sets.get(lane)
         if sets is None:
             sets = self._sets[lane] = {}
             self._lanes_of.setdefault(namespace, set()).add(lane)
-        entry = sets.get(required)
+        entry = sets.get(where)
         if entry is None:
-            entry = sets[required] = _Set()
+            entry = sets[where] = _Set()
         entry.members.add(name)
-        self._where[key] = (lane, required)
+        self._where[key] = (lane, where)
         place = (-priority, created, name)
         if not ready:
             if entry.queued.pop(name, None) is not None and queue:
@@ -119,22 +126,24 @@ class PendingQueue:
     def lanes_of(self, namespace: str) -> set[Lane]:
         return self._lanes_of.get(namespace, set())
 
-    def sets(self, lane: Lane) -> dict[frozenset[str], _Set]:
+    def sets(self, lane: Lane) -> dict[SetKey, _Set]:
         return self._sets.get(lane, {})
 
     def required_sets(self, namespace: str) -> set[frozenset[str]]:
         """The capability sets some pending task of ``namespace`` (any lane) requires."""
-        return {required for lane in self.lanes_of(namespace) for required in self._sets[lane]}
+        return {where[0] for lane in self.lanes_of(namespace) for where in self._sets[lane]}
 
     def members(self, lane: Lane, required: frozenset[str]) -> set[str]:
-        entry = self._sets.get(lane, {}).get(required)
-        return entry.members if entry is not None else set()
+        """The pending tasks of ``lane`` that require ``required`` (whatever budgets)."""
+        sets = self._sets.get(lane, {})
+        found = [entry.members for where, entry in sets.items() if where[0] == required]
+        return found[0] if len(found) == 1 else set().union(*found)
 
     def queued_count(self, lane: Lane) -> int:
         """How many tasks of ``lane`` may be granted now."""
         return sum(len(entry.queued) for entry in self._sets.get(lane, {}).values())
 
-    def head(self, lane: Lane, required: frozenset[str]) -> QueueKey | None:
+    def head(self, lane: Lane, required: SetKey) -> QueueKey | None:
         """The first dispatchable task of the set (its place; the name is last), without
         removing it."""
         entry = self._sets.get(lane, {}).get(required)
@@ -150,7 +159,7 @@ class PendingQueue:
             heap = entry.heap
         return heap[0] if heap else None
 
-    def pop(self, lane: Lane, required: frozenset[str]) -> None:
+    def pop(self, lane: Lane, required: SetKey) -> None:
         """Take the head of the set off the queue (it stays a member until ``remove``)."""
         entry = self._sets[lane][required]
         if self.head(lane, required) is None:
@@ -178,9 +187,14 @@ class PendingQueue:
     def items(self) -> Iterator[tuple[Key, Lane, frozenset[str], bool]]:
         """Every member: (key, its lane, its capability set, queued)."""
         for lane, sets in self._sets.items():
-            for required, entry in sets.items():
+            for (required, _), entry in sets.items():
                 for name in entry.members:
                     yield (lane[0], name), lane, required, name in entry.queued
+
+    def set_of(self, key: Key) -> SetKey | None:
+        """The set ``key`` is a member of (None: not pending)."""
+        where = self._where.get(key)
+        return None if where is None else where[1]
 
     def __len__(self) -> int:
         return len(self._where)

@@ -76,6 +76,9 @@ class TaskRecord:
     busy: bool = False  # a write about it is in flight
     waiting: bool = False  # marked while busy: decided again when the write ends
     granting: str | None = None  # the worker a grant in flight goes to
+    # Refused by an AgentBudget at the head of its set: (reason, message, since when):
+    # the condition Budgeted says so once it waited WAIT_REPORT_SECONDS (dispatch.py).
+    budget_wait: tuple[str, str, float] | None = None
     write: int = 0  # which write is in flight (``start_write``'s ticket): only it ends it
     # A grant to this worker whose outcome is unknown (its request timed out): it may
     # still land, so its slot stays held and the task is not granted again until a

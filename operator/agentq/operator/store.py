@@ -33,7 +33,7 @@ from agentq.operator.records import (
     WorkerRecord,
     newer,
 )
-from agentq.views import Key, LeaseView, QueueView, TaskView
+from agentq.views import BudgetView, Key, LeaseView, QueueView, TaskView
 
 __all__ = ["Changes", "Store", "finished", "renews", "task_lease_key"]
 
@@ -51,6 +51,9 @@ class Changes:
         self.finished: dict[Key, TaskView | None] = {}
         # An AgentQueue, or a namespace's labels, changed: every queue verdict judged again.
         self.tenancy = False
+        # An AgentBudget's spec changed (or it came or went): the budget book and every
+        # budget verdict judged again.
+        self.budgets = False
 
     def task(self, key: Key, *, view: bool = True) -> None:
         self.tasks[key] = self.tasks.get(key, False) or view
@@ -60,10 +63,18 @@ class Changes:
         self.leases[key] = (first[0] if first is not None else old, new)
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workers or self.leases or self.finished or self.tenancy)
+        return bool(
+            self.tasks
+            or self.workers
+            or self.leases
+            or self.finished
+            or self.tenancy
+            or self.budgets
+        )
 
     def clear(self) -> None:
         self.tenancy = False
+        self.budgets = False
         self.tasks.clear()
         self.workers.clear()
         self.leases.clear()
@@ -72,7 +83,7 @@ class Changes:
 
 class Store:
     """Every AgentTask, AgentWorker and agentq Lease the watches show, one record each;
-    every AgentQueue (its view) and every namespace's labels."""
+    every AgentQueue and AgentBudget (its view) and every namespace's labels."""
 
     def __init__(self) -> None:
         self.tasks: dict[Key, TaskRecord] = {}
@@ -83,6 +94,7 @@ class Store:
         # reclaim cleared the task's status.workerNamespace.
         self.xleases: dict[Key, Key] = {}
         self.queues: dict[str, QueueView] = {}  # cluster-scoped: by name
+        self.budgets: dict[str, BudgetView] = {}  # cluster-scoped: by name
         self.namespaces: dict[str, tuple[str, dict[str, str]]] = {}  # (resourceVersion, labels)
         # The namespaces the operator watches (empty: every one): a queue whose workers
         # are elsewhere cannot be served (``tenants.judge``).
@@ -233,6 +245,23 @@ class Store:
         self.queues[name] = view
         if old is None or (old.spec, old.problem) != (view.spec, view.problem):
             self.changed.tenancy = True  # (a status write of ours changes no verdict)
+
+    def observe_budget(self, body: Body, *, deleted: bool = False) -> None:
+        """An AgentBudget as the watch showed it (cluster-scoped: keyed by name)."""
+        name = views.key_of(body)[1]
+        rv = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        old = self.budgets.get(name)
+        if deleted:
+            if old is not None and not newer(old.resource_version, rv):
+                del self.budgets[name]
+                self.changed.budgets = True
+            return
+        if old is not None and not newer(rv, old.resource_version):
+            return
+        view = views.budget_view(body)
+        self.budgets[name] = view
+        if old is None or (old.spec, old.problem) != (view.spec, view.problem):
+            self.changed.budgets = True  # (a status write of ours changes no verdict)
 
     def observe_namespace(self, body: Body, *, deleted: bool = False) -> None:
         """A Namespace's labels (an AgentQueue's namespaceSelector reads them)."""

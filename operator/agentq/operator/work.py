@@ -33,6 +33,7 @@ __all__ = [
     "REFUSED_SECONDS",
     "RETRY_SECONDS",
     "TIMER_BACKOFF",
+    "TIMER_BUDGET",
     "TIMER_PUBLISH",
     "TIMER_QUEUES",
     "TIMER_TASK",
@@ -53,6 +54,7 @@ TIMER_BACKOFF = "backoff"  # a pending task may be granted again (backoff or pau
 TIMER_WORKER = "worker"  # a worker Lease may have gone stale, or may be read again
 TIMER_PUBLISH = "publish"  # worker status deferred by its interval or the rate limit
 TIMER_QUEUES = "queues"  # AgentQueue statuses looked at again (one subject for them all)
+TIMER_BUDGET = "budget"  # an AgentBudget may have room again: a step (dispatch) runs then
 
 
 class Dirty:

@@ -152,6 +152,7 @@ def explain(
     phase = (body.get("status") or {}).get("phase")
     lease = cluster.task_lease(body) if phase in ("Assigned", "Running", "Held") else None
     ahead, place, queues = None, None, None
+    budgets: list[Body] | None = None
     named_queue = bool((body.get("spec") or {}).get("queue"))
     if phase in (None, "Pending"):
         views = explaining.parse_workers(workers)
@@ -163,6 +164,8 @@ def explain(
             pass  # explain() below says the task cannot be read
         if named_queue:
             queues = cluster.queues()  # None: forbidden; explain says what it cannot show
+        if (body.get("spec") or {}).get("budgets"):
+            budgets = cluster.budgets()  # None: forbidden; their status is not shown
     try:
         result = explaining.explain(
             body,
@@ -173,6 +176,7 @@ def explain(
             pending_ahead=ahead,
             queue_place=place,
             queues=queues,
+            budgets=budgets,
         )
     except ModelError as err:
         raise OpsError(f"agenttask {task!r} cannot be read: {err}") from err
@@ -187,13 +191,14 @@ def explain(
 
 def _snapshot(
     cluster: Cluster, all_namespaces: bool
-) -> tuple[list[Body], list[Body], list[Body] | None]:
-    """Tasks, workers, and the AgentQueues (cluster-scoped: the same whatever -n; None
-    when listing them is forbidden)."""
+) -> tuple[list[Body], list[Body], list[Body] | None, list[Body]]:
+    """Tasks, workers, the AgentQueues (cluster-scoped: the same whatever -n; None when
+    listing them is forbidden) and the AgentBudgets (none shown when forbidden)."""
     return (
         cluster.tasks(all_namespaces=all_namespaces),
         cluster.workers(all_namespaces=all_namespaces),
         cluster.queues(),
+        cluster.budgets() or [],
     )
 
 
@@ -241,14 +246,14 @@ def top(
       agentq top -o json | jq '.workers[] | {name, servedShare, weightShare}'
     """
     cluster = connect(kubeconfig, context, namespace)
-    tasks, workers, queues = _snapshot(cluster, all_namespaces)
+    tasks, workers, queues, budgets = _snapshot(cluster, all_namespaces)
     if output != "text":
-        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues)
+        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues, agent_budgets=budgets)
         render.emit(view.to_dict(), output)
         return
     out = render.console()
     if once or not out.is_terminal:
-        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues)
+        view = fleet.build(tasks, workers, now=_now(), agent_queues=queues, agent_budgets=budgets)
         out.print(render.fleet(view, show_namespace=all_namespaces))
         return
     window = fleet.ShareWindow(60.0)
@@ -266,6 +271,7 @@ def top(
             recent=window.shares(),
             agent_queues=queues,
             queue_rates=rates.rates(),
+            agent_budgets=budgets,
         )
         title = Text.assemble(
             (f"agentq top · {where} · {cluster.server}", "bold"),
@@ -279,7 +285,7 @@ def top(
             with Live(frame(), console=out, refresh_per_second=4, screen=False) as live:
                 while not quit_asked.wait(interval):
                     try:
-                        tasks, workers, queues = _snapshot(cluster, all_namespaces)
+                        tasks, workers, queues, budgets = _snapshot(cluster, all_namespaces)
                         window.add_workers(time.monotonic(), workers)
                         rates.add(time.monotonic(), queues or ())
                         trouble = ""

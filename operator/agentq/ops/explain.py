@@ -38,6 +38,10 @@ Finding codes (stable; ``-o json`` shows them):
 ``NamespaceNotWatched``   ``Queued: False``: the operator does not watch the workerNamespace
 ``CrossNamespace...``     ``Queued: False``: (an older operator) workers in another namespace
 ``NotQueued``             ``Queued: False`` for a reason this CLI does not know
+``BudgetNotFound``        ``Budgeted: False``: an AgentBudget it names does not exist
+``EstimateExceedsLimit``  ``Budgeted: False``: its estimate exceeds a budget's per-minute limit
+``BudgetWait``            ``Budgeted: False``: a budget has no room now (requests, tokens,
+                          concurrency or a provider's throttle; the reason says which)
 ========================  ===========================================================
 
 A task that names an AgentQueue (``spec.queue``) and is not admitted by it is
@@ -400,6 +404,62 @@ def _not_queued(task: AgentTask, queue: str) -> Finding | None:
     )
 
 
+# --- the AgentBudgets ----------------------------------------------------------------------
+
+_BUDGET_VERDICT_HINTS = {
+    "BudgetNotFound": (
+        "ask a cluster admin to create the AgentBudget (docs/budgets.md), or submit it again "
+        "naming an existing one (spec.budgets is immutable); `kubectl get agentbudgets` "
+        "lists them"
+    ),
+    "EstimateExceedsLimit": (
+        "lower its estimate (submit it again: spec.budgets is immutable), or ask a cluster "
+        "admin to raise the budget's limit"
+    ),
+}
+
+
+def _budget_name(body: Body) -> str:
+    return str((body.get("metadata") or {}).get("name") or "")
+
+
+def _budget_use(name: str, body: Body) -> str:
+    """What an AgentBudget's status says of its room (as the operator last wrote it)."""
+    spec, status = body.get("spec") or {}, body.get("status") or {}
+    parts = []
+    if spec.get("maxConcurrent") is not None:
+        parts.append(f"{status.get('inUse', '?')}/{spec['maxConcurrent']} claims")
+    for field, what in (("requestsPerMinute", "Requests"), ("tokensPerMinute", "Tokens")):
+        if spec.get(field) is not None:
+            used = status.get(f"used{what}", "?")
+            reserved = status.get(f"reserved{what}", "?")
+            parts.append(
+                f"{what.lower()} {used} used + {reserved} reserved of {spec[field]} a minute"
+            )
+    if status.get("throttledUntil"):
+        parts.append(f"throttled until {status['throttledUntil']}")
+    return f"AgentBudget {name}: " + (", ".join(parts) or "no limits")
+
+
+def _not_budgeted(task: AgentTask, budgets: Mapping[str, Body]) -> Finding | None:
+    """The ``Budgeted: False`` condition, if the operator wrote one, as a finding (with
+    the status of the budgets it names, for a wait)."""
+    found = next((c for c in task.status.conditions or [] if c.type == lifecycle.BUDGETED), None)
+    if found is None or found.status is not ConditionStatus.FALSE:
+        return None
+    hint = _BUDGET_VERDICT_HINTS.get(found.reason)
+    if hint is not None:
+        return Finding(found.reason, f"never dispatched as it is: {found.message}", hint)
+    named = [b.name for b in task.spec.budgets or ()]
+    use = "; ".join(_budget_use(n, budgets[n]) for n in named if n in budgets)
+    return Finding(
+        "BudgetWait",
+        f"{found.message} ({found.reason}); it is granted when the budget has room again"
+        + (f" ({use})" if use else ""),
+        "`kubectl get agentbudgets` shows each budget's use and limits",
+    )
+
+
 def parse_queues(bodies: Iterable[Body]) -> dict[str, AgentQueue]:
     """The AgentQueues that parse, by name (one that does not holds no tasks)."""
     out = {}
@@ -625,6 +685,7 @@ def _phase_findings(
     written: bool,
     queue_place: QueuePlace | None = None,
     queues: Mapping[str, AgentQueue] | None = None,
+    budgets: Mapping[str, Body] | None = None,
 ) -> list[Finding]:
     status, spec = task.status, task.spec
     ns = task.namespace or "default"
@@ -660,6 +721,11 @@ def _phase_findings(
                 return [*found, refused]
             more, capped = queue_findings(task, queue_place, queues)
             found += more
+        budgeted = _not_budgeted(task, budgets or {})
+        if budgeted is not None:
+            found.append(budgeted)
+            if budgeted.code != "BudgetWait":
+                return found  # never dispatched as it is: no worker is looked at
         placed = placement(
             spec.required_capabilities, workers, namespace=ns, pending_ahead=pending_ahead
         )
@@ -844,12 +910,14 @@ def explain(
     pending_ahead: int | None = None,
     queue_place: QueuePlace | None = None,
     queues: Iterable[Body] | None = None,
+    budgets: Iterable[Body] | None = None,
 ) -> Explanation:
     """Why ``task`` is where it is. Raises ``ModelError`` if it is not an AgentTask.
 
     For a task with ``spec.queue``: ``queue_place`` is its place in the queue
     (``queue_place()`` over a listing), ``queues`` the AgentQueues (None: they could
-    not be read)."""
+    not be read). For a task with ``spec.budgets``: ``budgets`` the AgentBudgets, whose
+    status a wait for room shows."""
     parsed = parse_task(task)
     lines = event_lines(events)
     views = parse_workers(workers)
@@ -867,6 +935,7 @@ def explain(
         written=written,
         queue_place=queue_place,
         queues=parse_queues(queues) if queues is not None else None,
+        budgets={_budget_name(b): b for b in budgets or ()},
     )
     refused = _refusals(parsed, lines)
     if refused is not None:

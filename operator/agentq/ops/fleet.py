@@ -138,6 +138,78 @@ class AgentQueueRow:
 
 
 @dataclass(frozen=True)
+class AgentBudgetRow:
+    """One AgentBudget, as its spec and the status the operator's leader writes say."""
+
+    name: str
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    max_concurrent: int | None
+    in_use: int | None
+    used_requests: int | None
+    used_tokens: int | None
+    reserved_requests: int | None
+    reserved_tokens: int | None
+    waiting: int | None
+    throttled_until: str | None
+    saturated: str | None  # the reason of Saturated when True, else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "requestsPerMinute": self.requests_per_minute,
+            "tokensPerMinute": self.tokens_per_minute,
+            "maxConcurrent": self.max_concurrent,
+            "inUse": self.in_use,
+            "usedRequests": self.used_requests,
+            "usedTokens": self.used_tokens,
+            "reservedRequests": self.reserved_requests,
+            "reservedTokens": self.reserved_tokens,
+            "waiting": self.waiting,
+            "throttledUntil": self.throttled_until,
+            "saturated": self.saturated,
+        }
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _agent_budgets(bodies: Iterable[Body]) -> tuple[AgentBudgetRow, ...]:
+    rows = []
+    for body in sorted(bodies, key=_name):
+        spec, status = body.get("spec") or {}, body.get("status") or {}
+        saturated = next(
+            (
+                str(c.get("reason") or "")
+                for c in status.get("conditions") or []
+                if isinstance(c, dict)
+                and c.get("type") == "Saturated"
+                and c.get("status") == "True"
+            ),
+            None,
+        )
+        throttled = status.get("throttledUntil")
+        rows.append(
+            AgentBudgetRow(
+                name=_name(body),
+                requests_per_minute=_int(spec.get("requestsPerMinute")),
+                tokens_per_minute=_int(spec.get("tokensPerMinute")),
+                max_concurrent=_int(spec.get("maxConcurrent")),
+                in_use=_int(status.get("inUse")),
+                used_requests=_int(status.get("usedRequests")),
+                used_tokens=_int(status.get("usedTokens")),
+                reserved_requests=_int(status.get("reservedRequests")),
+                reserved_tokens=_int(status.get("reservedTokens")),
+                waiting=_int(status.get("waiting")),
+                throttled_until=str(throttled) if throttled else None,
+                saturated=saturated,
+            )
+        )
+    return tuple(rows)
+
+
+@dataclass(frozen=True)
 class FleetView:
     now: datetime.datetime
     phases: dict[str, dict[str, int]]  # namespace -> phase -> count
@@ -146,6 +218,7 @@ class FleetView:
     agent_queues: tuple[AgentQueueRow, ...] = ()
     # Why the AgentQueues are not shown (listing them was forbidden); None: they are.
     agent_queues_note: str | None = None
+    agent_budgets: tuple[AgentBudgetRow, ...] = ()
 
     @property
     def namespaces(self) -> list[str]:
@@ -166,6 +239,7 @@ class FleetView:
             "queues": [q.to_dict() for q in self.queues],
             "agentQueues": [q.to_dict() for q in self.agent_queues],
             "agentQueuesNote": self.agent_queues_note,
+            "agentBudgets": [b.to_dict() for b in self.agent_budgets],
         }
 
 
@@ -301,6 +375,7 @@ def build(
     recent: Mapping[WorkerKey, float] | None = None,
     agent_queues: Iterable[Body] | None = (),
     queue_rates: Mapping[str, float] | None = None,
+    agent_budgets: Iterable[Body] | None = (),
 ) -> FleetView:
     """The view of these tasks and workers at ``now`` (``recent``: from a ``ShareWindow``),
     and of the AgentQueues (``agent_queues`` None: they could not be listed;
@@ -402,6 +477,7 @@ def build(
         queues=tuple(queue_rows),
         agent_queues=_agent_queues(agent_queues or (), tasks, queue_rates or {}),
         agent_queues_note=FORBIDDEN_QUEUES if agent_queues is None else None,
+        agent_budgets=_agent_budgets(agent_budgets or ()),
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from agentq import GROUP, VERSION, client, kube, protocol
 from agentq.kube.sync import SyncClient
-from agentq.models import QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
+from agentq.models import BUDGET_PLURAL, QUEUE_PLURAL, TASK_PLURAL, WORKER_PLURAL
 from agentq.ops.errors import Exit, OpsError
 
 Body = dict[str, Any]
@@ -261,6 +261,17 @@ class Cluster:
         AgentQueue CRD (an older install, 404) is no queues."""
         status, listed = self._answer(
             "GET", kube.object_path(GROUP, VERSION, None, QUEUE_PLURAL), tolerate=(403, 404)
+        )
+        if listed is None:
+            return None if status == 403 else []
+        items: list[Body] = listed.get("items") or []
+        return items
+
+    def budgets(self) -> list[Body] | None:
+        """Every AgentBudget (cluster-scoped); None when listing them is forbidden (403);
+        no AgentBudget CRD (404) is no budgets."""
+        status, listed = self._answer(
+            "GET", kube.object_path(GROUP, VERSION, None, BUDGET_PLURAL), tolerate=(403, 404)
         )
         if listed is None:
             return None if status == 403 else []

@@ -257,7 +257,38 @@ def fleet(view: FleetView, *, show_namespace: bool = False, live: bool = False) 
         parts += [Text(""), agent_queues(view, live=live)]
     if view.agent_queues_note:
         parts += [Text(""), Text(f"note: {view.agent_queues_note}", style="yellow")]
+    if view.agent_budgets:
+        parts += [Text(""), agent_budgets(view)]
     return Group(*parts)
+
+
+def _of(used: int | None, reserved: int | None, limit: int | None) -> str:
+    if limit is None:
+        return "-"
+    return f"{(used or 0) + (reserved or 0)}/{limit}"
+
+
+def agent_budgets(view: FleetView) -> Table:
+    """One row per AgentBudget: each limit's use (used + reserved, or claims in use)."""
+    out = table("AGENTBUDGET", "REQUESTS/MIN", "TOKENS/MIN", "CONCURRENT", "WAITING", "STATE")
+    for b in view.agent_budgets:
+        concurrent = "-" if b.max_concurrent is None else f"{b.in_use or 0}/{b.max_concurrent}"
+        if b.saturated:
+            state = plain(f"Saturated ({b.saturated})", "yellow")
+        elif b.throttled_until:
+            state = plain(f"throttled until {b.throttled_until}", "")
+        else:
+            state = plain("-", "")
+        add_row(
+            out,
+            b.name,
+            _of(b.used_requests, b.reserved_requests, b.requests_per_minute),
+            _of(b.used_tokens, b.reserved_tokens, b.tokens_per_minute),
+            concurrent,
+            str(b.waiting if b.waiting is not None else "-"),
+            state,
+        )
+    return out
 
 
 def agent_queues(view: FleetView, *, live: bool = False) -> Table:

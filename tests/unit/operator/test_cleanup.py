@@ -284,3 +284,22 @@ async def test_a_steady_rate_of_tasks_run_finished_and_deleted_holds_the_memory_
     # Two periods of deletions at most.
     assert len(c.store.task_tombstones) <= 2 * TOMBSTONE_SECONDS * 2.5 + 25
     assert grown < 600 * 40, f"{grown / 600:.0f} bytes per task kept"
+
+
+@run
+async def test_a_task_naming_budgets_is_kept_a_minute_after_it_finished_whatever_its_ttl() -> None:
+    # A new leader restores a budget's last minute from its tasks' statuses
+    # (docs/budgets.md): the task's usage counts for 61 s after its end.
+    h = Harness()
+    now = h.clock.now().isoformat()
+    h.kube.put("agenttasks", finished("plain", at=now, ttlSecondsAfterFinished=0))
+    h.kube.put(
+        "agenttasks",
+        finished("spent", at=now, ttlSecondsAfterFinished=0, budgets=[{"name": "openai"}]),
+    )
+    await h.settle()
+    assert h.kube.get("agenttasks", NS, "plain") is None
+    await h.advance(60)
+    assert h.kube.get("agenttasks", NS, "spent") is not None
+    await h.advance(2)
+    assert h.kube.get("agenttasks", NS, "spent") is None

@@ -12,9 +12,10 @@ from harness import NS, Harness, run
 
 def drain(queue: PendingQueue, required: frozenset[str]) -> list[str]:
     order = []
-    while (head := queue.head((NS, ""), required)) is not None:
+    where = (required, frozenset[str]())  # (no budgets)
+    while (head := queue.head((NS, ""), where)) is not None:
         order.append(head[2])
-        queue.pop((NS, ""), required)
+        queue.pop((NS, ""), where)
     return order
 
 
@@ -38,7 +39,7 @@ def test_a_changed_priority_moves_a_queued_task_and_leaves_no_stale_place() -> N
     queue.add((NS, "a"), llm, "2026-01-01T00:00:01Z", ready=True)
     queue.add((NS, "b"), llm, "2026-01-01T00:00:02Z", ready=True)
     queue.add((NS, "b"), llm, "2026-01-01T00:00:02Z", ready=True, priority=3)
-    assert queue.head((NS, ""), llm) == (-3, "2026-01-01T00:00:02Z", "b")
+    assert queue.head((NS, ""), (llm, frozenset())) == (-3, "2026-01-01T00:00:02Z", "b")
     queue.add((NS, "b"), llm, "2026-01-01T00:00:02Z", ready=True, priority=-3)
     # b's older places (priority 0 and 3) are stale: it comes once, last.
     assert drain(queue, llm) == ["a", "b"]

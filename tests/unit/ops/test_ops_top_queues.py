@@ -184,3 +184,46 @@ def test_top_with_no_agent_queues_shows_no_queue_table(
     assert result.exit_code == 0, result.output
     assert "AGENTQUEUE" not in result.output and "note:" not in result.output
     assert "WORKER" in result.output
+
+
+BUDGETS = "/apis/agentq.dev/v1alpha1/agentbudgets"
+
+
+def test_top_shows_the_agent_budgets_use_against_their_limits(
+    api: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api[BUDGETS] = (
+        200,
+        {
+            "items": [
+                {
+                    "metadata": {"name": "openai"},
+                    "spec": {"requestsPerMinute": 60, "maxConcurrent": 2},
+                    "status": {
+                        "inUse": 2,
+                        "usedRequests": 40,
+                        "reservedRequests": 2,
+                        "waiting": 5,
+                        "conditions": [
+                            {"type": "Saturated", "status": "True", "reason": "MaxConcurrent"}
+                        ],
+                    },
+                }
+            ]
+        },
+    )
+    result = top(api, monkeypatch)
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.startswith("openai"))
+    assert "42/60" in row and "2/2" in row and "Saturated (MaxConcurrent)" in row
+    data = json.loads(top(api, monkeypatch, "-o", "json").output)
+    assert data["agentBudgets"][0]["inUse"] == 2
+
+
+def test_top_without_rights_on_agent_budgets_shows_the_rest(
+    api: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api[BUDGETS] = (403, {"kind": "Status", "message": "forbidden", "code": 403})
+    result = top(api, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert "AGENTBUDGET" not in result.output and "WORKER" in result.output
