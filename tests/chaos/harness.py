@@ -37,7 +37,7 @@ from kubernetes import client, config
 
 from agentq import GROUP, VERSION
 from agentq.controlplane import Cluster
-from builders import task, worker
+from builders import budget, task, worker
 from chaos import plan as p
 from chaos.agents import KITS, AgentKit, Context, default_kit
 from chaos.observe import TaskWatcher
@@ -217,6 +217,12 @@ class ChaosRun:
                 custom.create_namespaced_custom_object(
                     GROUP, VERSION, NAMESPACE, "agentworkers", _worker_body(w)
                 )
+            custom.create_cluster_custom_object(
+                GROUP,
+                VERSION,
+                "agentbudgets",
+                budget(p.BUDGET).set("spec.maxConcurrent", self.plan.budget_max_concurrent).obj(),
+            )
             # Operators first: forty Python processes importing their libraries at once
             # take a loaded 2-core machine a minute, and the agents can wait for them.
             self._start_replicas(ctx)
@@ -224,7 +230,14 @@ class ChaosRun:
             self._start_agents(ctx)
             self.supervisor.start()
             limits = {w.name: w.max_in_flight for w in self.plan.workers}
-            watcher = TaskWatcher(self.api, NAMESPACE, limits, t0=self.t0)
+            watcher = TaskWatcher(
+                self.api,
+                NAMESPACE,
+                limits,
+                budgets={t.name: t.budget for t in self.plan.tasks if t.budget},
+                budget_limits={p.BUDGET: self.plan.budget_max_concurrent},
+                t0=self.t0,
+            )
             watcher.start()
             self._wait_workers_ready(custom, 300)
             self.say(f"chaos: fleet ready at {self.now():.0f}s; creating tasks")
@@ -338,7 +351,7 @@ class ChaosRun:
     def _create_tasks(self, custom: client.CustomObjectsApi) -> None:
         def create(t: p.TaskPlan) -> None:
             backoff = (0.2, 1.0) if t.poison else (0.5, 5.0)
-            body = (
+            builder = (
                 task(t.name)
                 .namespace(NAMESPACE)
                 .requires(*t.requires)
@@ -347,8 +360,8 @@ class ChaosRun:
                 .max_reclaims(t.max_reclaims)
                 .backoff(initial=backoff[0], max=backoff[1])
                 .payload({"n": int(t.name[1:])})
-                .obj()
             )
+            body = (builder.budget(t.budget, requests=0) if t.budget else builder).obj()
             custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, "agenttasks", body)
 
         with ThreadPoolExecutor(max_workers=4) as pool:

@@ -6,6 +6,8 @@ dropped watch jumps over the states in between; the gaps are recorded). On every
 state it checks:
 
 - no worker holds more Assigned/Running tasks than its ``maxInFlight``;
+- no AgentBudget has more Assigned/Running tasks naming it than its ``maxConcurrent``
+  (across the run's leader failovers);
 - a task's fencing token never goes down;
 - a task enters ``Succeeded`` at most once (a second entry is a double commit);
 
@@ -54,6 +56,8 @@ class Observations:
     mirror: dict[str, _State] = field(default_factory=dict)
     in_flight: Counter[str] = field(default_factory=Counter)
     peak_in_flight: Counter[str] = field(default_factory=Counter)
+    budget_in_use: Counter[str] = field(default_factory=Counter)
+    peak_budget_in_use: Counter[str] = field(default_factory=Counter)
     states_checked: int = 0
     violations: list[str] = field(default_factory=list)
     succeeded_entries: Counter[str] = field(default_factory=Counter)
@@ -79,12 +83,16 @@ class TaskWatcher:
         namespace: str,
         limits: dict[str, int],
         *,
+        budgets: dict[str, str] | None = None,
+        budget_limits: dict[str, int] | None = None,
         clock: Any = time.monotonic,
         t0: float = 0.0,
     ) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.limits = limits
+        self.budgets = budgets or {}  # task -> the AgentBudget it names
+        self.budget_limits = budget_limits or {}  # AgentBudget -> its maxConcurrent
         self.clock = clock
         self.t0 = t0
         self.seen = Observations()
@@ -174,6 +182,8 @@ class TaskWatcher:
                 self._checking = True
             for worker, count in self.seen.in_flight.items():
                 self._check_limit(worker, count)
+            for budget, count in self.seen.budget_in_use.items():
+                self._check_budget(budget, count)
 
     # -- one state -----------------------------------------------------------------
 
@@ -190,6 +200,21 @@ class TaskWatcher:
             seen.violations.append(
                 f"maxInFlight: {worker} held {count} tasks (limit {limit}) at {self.now():.1f}s: "
                 f"{', '.join(held)}"
+            )
+
+    def _check_budget(self, budget: str, count: int) -> None:
+        seen = self.seen
+        seen.peak_budget_in_use[budget] = max(seen.peak_budget_in_use[budget], count)
+        limit = self.budget_limits.get(budget)
+        if limit is not None and count > limit:
+            held = sorted(
+                f"{n}@{s.token}"
+                for n, s in seen.mirror.items()
+                if self.budgets.get(n) == budget and s.phase in ACTIVE and s.worker
+            )
+            seen.violations.append(
+                f"maxConcurrent: AgentBudget {budget} had {count} claims (limit {limit}) at "
+                f"{self.now():.1f}s: {', '.join(held)}"
             )
 
     def _apply(self, name: str, status: dict[str, Any] | None) -> None:
@@ -210,9 +235,12 @@ class TaskWatcher:
         seen.states_checked += 1
         was_active = before is not None and before.phase in ACTIVE and before.worker
         is_active = after is not None and after.phase in ACTIVE and after.worker
+        budget = self.budgets.get(name)
         if was_active:
             assert before is not None and before.worker is not None
             seen.in_flight[before.worker] -= 1
+            if budget is not None:
+                seen.budget_in_use[budget] -= 1
             if before.token is not None and not (
                 is_active and after is not None and after.token == before.token
             ):
@@ -223,8 +251,12 @@ class TaskWatcher:
             assert after is not None and after.worker is not None
             worker = after.worker
             seen.in_flight[worker] += 1
+            if budget is not None:
+                seen.budget_in_use[budget] += 1
             if self._checking:
                 self._check_limit(worker, seen.in_flight[worker])
+                if budget is not None:
+                    self._check_budget(budget, seen.budget_in_use[budget])
             if after.token is not None and (name, after.token) not in seen.claims:
                 seen.claims[(name, after.token)] = Claim(name, after.token, worker, now)
         if before is not None and after is not None:

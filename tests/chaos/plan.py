@@ -35,6 +35,10 @@ AGENT_FAULTS = (AGENT_KILL, AGENT_STOP, SIDECAR_KILL, SIDECAR_STOP)
 OPERATOR_FAULTS = (LEADER_KILL, LEADER_TERM, LEADER_STOP, APISERVER_RESTART, CLOCK_STEP)
 
 POISON = "poison"
+# The AgentBudget of the run (its maxConcurrent in the profile): every third normal task
+# names it, so the watch can check that a failover never lets a fourth claim through.
+BUDGET = "chaos-provider"
+BUDGET_EVERY = 3
 NORMAL_REQUIREMENTS: tuple[tuple[str, ...], ...] = (
     ("llm",),
     ("llm",),
@@ -71,6 +75,7 @@ class TaskPlan:
     cost: float
     lease_seconds: int
     max_reclaims: int
+    budget: str | None = None  # an AgentBudget it names (requests 0: its claims only)
 
     @property
     def poison(self) -> bool:
@@ -122,6 +127,8 @@ class Profile:
     # fire one after another, each waiting for a stable leader): with 0.3-1.5 s the
     # 1,000 tasks were done in ~130 s and 15 of the 33 faults hit an idle fleet.
     work_seconds: tuple[float, float] = (0.3, 1.5)
+    # maxConcurrent of the run's AgentBudget (``BUDGET``), named by every third normal task.
+    budget_max_concurrent: int = 3
 
 
 PROFILES: dict[str, Profile] = {
@@ -173,6 +180,7 @@ class Plan:
     faults: tuple[Fault, ...]
     replica_restart_seconds: tuple[float, ...] = field(default=())
     agent_restart_seconds: tuple[float, ...] = field(default=())
+    budget_max_concurrent: int = 3
 
     @property
     def poison_set(self) -> frozenset[str]:
@@ -223,6 +231,8 @@ def _tasks(rng: random.Random, profile: Profile) -> list[TaskPlan]:
                 cost=rng.choice((1.0, 1.0, 2.0, 3.0)),
                 lease_seconds=profile.lease_seconds,
                 max_reclaims=profile.poison_max_reclaims if poison else profile.normal_max_reclaims,
+                # (by the index, not drawn: the rest of the plan stays what the seed made)
+                budget=None if poison or i % BUDGET_EVERY else BUDGET,
             )
         )
     return tasks
@@ -289,4 +299,5 @@ def make_plan(seed: int, profile: str = "full", *, tasks: int | None = None) -> 
         faults=tuple(faults),
         replica_restart_seconds=restarts,
         agent_restart_seconds=agent_restarts,
+        budget_max_concurrent=base.budget_max_concurrent,
     )

@@ -39,7 +39,7 @@ def test_short_chaos_run_loses_nothing_and_commits_once_from_the_final_token(
     verdict: Verdict,
 ) -> None:
     figures = verdict.figures
-    others = [v for v in verdict.violations if not v.startswith("maxInFlight")]
+    others = [v for v in verdict.violations if not v.startswith(("maxInFlight", "maxConcurrent"))]
     assert not others, "\n".join(others)
     assert figures["not terminal"] == 0 and figures["lost"] == 0
     assert figures["DeadLettered == poison set"]
@@ -66,6 +66,17 @@ def test_short_chaos_run_never_puts_a_worker_over_max_in_flight(verdict: Verdict
     over = [v for v in verdict.violations if v.startswith("maxInFlight")]
     assert not over, "\n".join(over)
     assert verdict.figures["peak in-flight / maxInFlight"] <= 1.0
+
+
+@pytest.mark.timeout(900)
+def test_short_chaos_run_never_puts_a_budget_over_max_concurrent(verdict: Verdict) -> None:
+    # A third of the normal tasks name one AgentBudget (maxConcurrent 3): across the
+    # run's leader kills, stops and terminations, never a fourth claim at once.
+    over = [v for v in verdict.violations if v.startswith("maxConcurrent")]
+    assert not over, "\n".join(over)
+    assert verdict.figures["tasks naming the AgentBudget"] > 30
+    assert verdict.figures["peak claims / maxConcurrent"] == 1.0  # the budget bound
+    assert verdict.figures["leader faults with AgentBudget claims held"] >= 1
 
 
 @pytest.mark.timeout(900)

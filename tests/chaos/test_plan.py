@@ -63,3 +63,13 @@ def test_a_task_count_override_scales_the_poison_set() -> None:
     assert len(plan.tasks) == 200
     assert len(plan.poison_set) == 6
     assert len(plan.workers) == 20
+
+
+@pytest.mark.parametrize("profile", sorted(p.PROFILES))
+def test_a_third_of_the_normal_tasks_name_the_runs_budget(profile: str) -> None:
+    plan = p.make_plan(13, profile)
+    named = [t for t in plan.tasks if t.budget]
+    assert all(t.budget == p.BUDGET and not t.poison for t in named)
+    normal = sum(1 for t in plan.tasks if not t.poison)
+    assert normal / 4 < len(named) < normal / 2
+    assert plan.budget_max_concurrent == p.PROFILES[profile].budget_max_concurrent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -165,3 +166,58 @@ def test_a_failed_attempt_may_leave_output_but_not_under_a_token_never_issued() 
     assert verify(collected).safe
     collected.sink["x"] = [SinkRow(5, "from nowhere")]
     assert any("the sink holds token 5" in v for v in verify(collected).violations)
+
+
+def _watcher() -> Any:
+    from chaos.observe import TaskWatcher
+
+    return TaskWatcher(
+        None,  # type: ignore[arg-type]  # (never started: no API server is asked)
+        "ns",
+        {"w0": 4, "w1": 4},
+        budgets={"a": "p", "b": "p", "c": "p"},
+        budget_limits={"p": 2},
+        clock=lambda: 0.0,
+    )
+
+
+def test_a_budget_over_its_max_concurrent_is_a_watch_violation() -> None:
+    w = _watcher()
+    w._apply("a", {"phase": "Assigned", "worker": "w0", "fencingToken": 1})
+    w._apply("b", {"phase": "Running", "worker": "w1", "fencingToken": 1})
+    w._apply("free", {"phase": "Running", "worker": "w1", "fencingToken": 1})  # no budget
+    assert w.seen.violations == [] and w.seen.peak_budget_in_use["p"] == 2
+    w._apply("a", {"phase": "Succeeded", "worker": "w0", "fencingToken": 1})
+    w._apply("c", {"phase": "Assigned", "worker": "w0", "fencingToken": 1})
+    assert w.seen.violations == []  # a's claim ended first
+    w._apply("a", {"phase": "Assigned", "worker": "w1", "fencingToken": 2})
+    (violation,) = w.seen.violations
+    assert violation.startswith("maxConcurrent: AgentBudget p had 3 claims (limit 2)")
+
+
+def test_a_relist_checks_the_budget_on_the_snapshot_as_a_whole() -> None:
+    w = _watcher()
+    w._apply("a", {"phase": "Running", "worker": "w0", "fencingToken": 1})
+    w._apply("b", {"phase": "Running", "worker": "w0", "fencingToken": 1})
+    # A watch gap: a ended, c started -- never three at once, though applied one by one
+    # in list order the mirror would pass through three.
+    w._relist(
+        [
+            {"metadata": {"name": "b"}, "status": {"phase": "Running", "worker": "w0"}},
+            {"metadata": {"name": "c"}, "status": {"phase": "Running", "worker": "w1"}},
+            {"metadata": {"name": "a"}, "status": {"phase": "Succeeded", "worker": "w0"}},
+        ]
+    )
+    assert w.seen.violations == []
+
+
+def test_the_leader_faults_that_hit_held_budget_claims_are_counted() -> None:
+    run = _good()
+    run.plan = dataclasses.replace(
+        PLAN, tasks=(dataclasses.replace(PLAN.tasks[0], budget="p"), *PLAN.tasks[1:])
+    )
+    run.faults = [
+        FaultRecord("leader-kill", "replica-0", 11.0),  # a's first claim held: 10-12 s
+        FaultRecord("leader-stop", "replica-1", 15.0),  # none held
+    ]
+    assert verify(run).figures["leader faults with AgentBudget claims held"] == 1

@@ -25,8 +25,9 @@ from typing import Any
 
 from chaos.agents import SinkRow
 from chaos.observe import FINAL, Observations
-from chaos.plan import AGENT_FAULTS, Plan
+from chaos.plan import AGENT_FAULTS, BUDGET, LEADER_KILL, LEADER_STOP, LEADER_TERM, Plan
 
+LEADER_FAULTS = (LEADER_KILL, LEADER_TERM, LEADER_STOP)
 MARGIN = 1.0  # seconds around a claim's observed life, for the watch's latency
 
 
@@ -175,6 +176,21 @@ def verify(c: Collected) -> Verdict:
     # maxInFlight: checked on every watched state; the peak ratio is reported.
     limits = {w.name: w.max_in_flight for w in plan.workers}
     peak = max((c.seen.peak_in_flight[w] / limits[w] for w in limits), default=0.0)
+    # maxConcurrent of the run's AgentBudget: checked on every watched state too; and the
+    # leader faults that hit while the budget's claims were held (what a new leader must
+    # count from the task statuses).
+    budget_peak = c.seen.peak_budget_in_use[BUDGET] / plan.budget_max_concurrent
+    budgeted = {t.name for t in plan.tasks if t.budget}
+    held_at_failover = sum(
+        1
+        for f in c.faults
+        if f.kind in LEADER_FAULTS
+        and any(
+            claim.task in budgeted
+            and claim.first_seen <= f.at <= (claim.ended_seen if claim.ended_seen else c.end)
+            for claim in c.seen.claims.values()
+        )
+    )
 
     # Claims and the healthy ones.
     intervals: dict[str, list[tuple[float, float]]] = {w.name: [] for w in plan.workers}
@@ -243,6 +259,12 @@ def verify(c: Collected) -> Verdict:
         "states checked (maxInFlight)": c.seen.states_checked,
         "maxInFlight exceeded": sum(1 for v in c.seen.violations if v.startswith("maxInFlight")),
         "peak in-flight / maxInFlight": round(peak, 2),
+        "tasks naming the AgentBudget": sum(1 for t in plan.tasks if t.budget),
+        "maxConcurrent exceeded": sum(
+            1 for v in c.seen.violations if v.startswith("maxConcurrent")
+        ),
+        "peak claims / maxConcurrent": round(budget_peak, 2),
+        "leader faults with AgentBudget claims held": held_at_failover,
         "claims": claims,
         "claims faulted": faulted,
         "claims unobserved": unobserved,

@@ -7,13 +7,15 @@ the task statuses."""
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import watch
 
-from agentq import GROUP, VERSION
+from agentq import GROUP, VERSION, protocol
 from agentq.clock import parse_time
 from builders import budget, task, worker
 from fleet import Fleet
@@ -215,3 +217,157 @@ def test_max_concurrent_holds_across_a_leader_failover(fleet: Fleet, budgets: li
     assert killed is not None and most == 2
     # The standby took over and granted the rest, never a third claim at once.
     assert all(t["status"]["attempt"] == 1 for t in items)
+
+
+# -- what agents report: usage and throttles, through agent-sim and its sidecar ------------
+
+
+def spread(items: list[dict[str, Any]]) -> float:
+    times = sorted(assigned_at(t) for t in items)
+    return (times[-1] - times[0]).total_seconds()
+
+
+def test_reported_usage_brings_the_grant_rate_to_what_agents_spend(
+    fleet: Fleet, budgets: list[str]
+) -> None:
+    # The issue's case at ten times the rate: 60,000 tokens a minute and estimates of
+    # 1,000 pace a grant a second; attempts that report 3,000 each bring it to one every
+    # 3 s (the issue's "two a minute" at 6,000). Side by side, the same ten tasks.
+    spends = make(fleet, budgets, "spends", tokensPerMinute=60_000)
+    quiet = make(fleet, budgets, "quiet", tokensPerMinute=60_000)
+    fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(20))
+    fleet.agent("pool", "complete", work_seconds=0.1)
+    usage = {spends: {"requests": 1, "tokens": 3000}}
+    for i in range(10):
+        fleet.add_task(
+            task(f"s-{i}").requires("llm").budget(spends, tokens=1000).payload({"usage": usage})
+        )
+        fleet.add_task(task(f"q-{i}").requires("llm").budget(quiet, tokens=1000))
+    fleet.operator()
+    done = fleet.wait_all(lambda items: all(phase(t) == "Succeeded" for t in items), timeout=90)
+    s = [t for t in done if t["metadata"]["name"].startswith("s-")]
+    q = [t for t in done if t["metadata"]["name"].startswith("q-")]
+    print(
+        f"10 grants at 60,000 tokens/min: {spread(q):.0f} s by estimates, {spread(s):.0f} s at 3x"
+    )
+    assert spread(q) <= 13, sorted(assigned_at(t) for t in q)  # 9 s: one a second
+    assert spread(s) >= 24, sorted(assigned_at(t) for t in s)  # 27 s: one every 3 s
+    # Each ended attempt accounted what it reported, or its estimate when it reported none.
+    assert {str(t["status"]["history"][-1].get("usage")) for t in s} == {
+        str([{"name": spends, "requests": 1, "tokens": 3000}])
+    }
+    assert {str(t["status"]["history"][-1].get("usage")) for t in q} == {
+        str([{"name": quiet, "requests": 1, "tokens": 1000}])
+    }
+
+
+def test_a_usage_report_lands_in_the_ending_attempts_history(
+    fleet: Fleet, budgets: list[str]
+) -> None:
+    name = make(fleet, budgets, "hist", tokensPerMinute=10_000)
+    fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(2))
+    fleet.agent("pool", "complete", work_seconds=0.1)
+    fleet.operator()
+    spent = {name: {"requests": 2, "tokens": 400}}  # fewer tokens than estimated
+    fleet.add_task(task("t").requires("llm").budget(name, tokens=1000).payload({"usage": spent}))
+    body = fleet.wait_phase("t", "Succeeded", timeout=30)
+    (entry,) = body["status"]["history"]
+    assert entry["usage"] == [{"name": name, "requests": 2, "tokens": 400}], entry
+
+
+class LeaseLog:
+    """Every version of the namespace's Leases, as a watch delivers them (in order, none
+    coalesced): ``versions[name]`` is ``[(annotations, acquireTime, renewTime)]``."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.versions: dict[str, list[tuple[dict[str, str], Any, Any]]] = {}
+        self.watch = watch.Watch()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, args=(fleet,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fleet: Fleet) -> None:
+        try:
+            for event in self.watch.stream(
+                fleet.leases.list_namespaced_lease, fleet.namespace, timeout_seconds=120
+            ):
+                lease = event["object"]
+                self.versions.setdefault(lease.metadata.name, []).append(
+                    (
+                        dict(lease.metadata.annotations or {}),
+                        lease.spec.acquire_time,
+                        lease.spec.renew_time,
+                    )
+                )
+        except Exception:
+            if not self.stopped:
+                raise
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.watch.stop()
+
+    def granted(self, task_name: str) -> datetime.datetime:
+        """When the task's (first) claim was granted: its Lease's acquireTime."""
+        versions = self.versions[protocol.task_lease_name(task_name)]
+        return min(v[1] for v in versions if v[1] is not None)
+
+    def throttled(self, task_name: str) -> datetime.datetime | None:
+        """When the sidecar wrote the task's throttle: the first version carrying it."""
+        for notes, _, renewed in self.versions.get(protocol.task_lease_name(task_name), []):
+            if protocol.ANNOTATION_THROTTLED in notes:
+                return renewed  # type: ignore[no-any-return]
+        return None
+
+
+@pytest.fixture
+def leases(fleet: Fleet) -> Iterator[LeaseLog]:
+    log = LeaseLog(fleet)
+    try:
+        yield log
+    finally:
+        log.stop()
+
+
+def test_a_429_stops_every_grant_on_its_budget_for_its_retry_after(
+    fleet: Fleet, budgets: list[str], leases: LeaseLog
+) -> None:
+    name = make(fleet, budgets, "429")  # no limit: only the throttle gates it
+    fleet.add_worker(worker("pool").capabilities("llm").max_in_flight(8))
+    fleet.agent("pool", "complete", work_seconds=0.5)
+    fleet.operator()
+    throttle = {"budget": name, "retryAfterSeconds": 10}
+    fleet.add_task(task("hit").requires("llm").budget(name).payload({"throttled": throttle}))
+    deadline = time.monotonic() + 30  # the operator applied it: the budget says so
+    while not any(
+        c["type"] == "Throttled" and c["status"] == "True"
+        for c in (
+            fleet.custom.get_cluster_custom_object(GROUP, VERSION, "agentbudgets", name).get(
+                "status"
+            )
+            or {}
+        ).get("conditions")
+        or []
+    ):
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.1)
+    for i in range(3):
+        fleet.add_task(task(f"after-{i}").requires("llm").budget(name))
+    fleet.add_task(task("plain").requires("llm"))  # names no budget: not held back
+    fleet.wait_phase("plain", "Succeeded", timeout=30)
+    waiting = fleet.wait_condition("after-0", "Budgeted", status="False", timeout=30)
+    reasons = {c["type"]: c["reason"] for c in waiting["status"]["conditions"]}
+    assert reasons["Budgeted"] == "Throttled", reasons
+    for i in range(3):
+        fleet.wait_phase(f"after-{i}", "Succeeded", timeout=30)
+    hit = leases.throttled("hit")
+    assert hit is not None, leases.versions
+    after = [(leases.granted(f"after-{i}") - hit).total_seconds() for i in range(3)]
+    plain = (leases.granted("plain") - hit).total_seconds()
+    print(
+        f"after a 429 with retry-after 10 s: plain granted at +{plain:.2f} s, the budget's at "
+        + ", ".join(f"+{a:.2f} s" for a in sorted(after))
+    )
+    assert min(after) >= 10.0, after  # the pause runs from when the operator read it
+    assert max(after) < 15.0, after  # and then ends
+    assert plain < 10.0

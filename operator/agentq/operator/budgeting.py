@@ -15,7 +15,9 @@ store says (docs/budgets.md).
   cancelled, the task deleted), is released -- its concurrency back, its estimate
   placed for the minute after its end.
 - **Reports** (``lease_seen``): the usage and throttles an attempt's agent reports
-  on its claim's Lease correct its grant and pause its budget; ``accounted`` is what
+  on its claim's Lease (read by ``agentq.protocol``, as the sidecar writes them: what
+  it would not write is ignored) correct its grant and pause its budget, each throttle
+  once per id for as long as the attempt holds its grant; ``accounted`` is what
   the status patch ending the attempt records (``status.history[].usage``).
 - **Restore** (``restore``): a new leader's book, before its first grant, from what
   the task statuses show (running attempts and ``status.history``), the finished
@@ -29,12 +31,11 @@ Tasks without ``spec.budgets`` never reach the book.
 from __future__ import annotations
 
 import datetime
-import json
 import logging
-import math
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from agentq import protocol
 from agentq.clock import Clock
 from agentq.models import AttemptOutcome
 from agentq.operator import metrics
@@ -60,11 +61,6 @@ from agentq.views import Key, LeaseView, TaskView
 __all__ = ["WAIT_REPORT_SECONDS", "Budgets", "needs_of", "signature", "verdict_of"]
 
 log = logging.getLogger("agentq.controller")
-
-#: A throttle report's retryAfterSeconds must be in (0, MAX_RETRY_AFTER] (docs/budgets.md).
-MAX_RETRY_AFTER = 3600.0
-#: The most usage one report may carry per budget (as the sidecar checks it).
-_MAX_REQUESTS, _MAX_TOKENS = 10**9, 10**12
 
 #: A task refused by a budget at the head of its set for this long gets the condition
 #: ``Budgeted: False`` (not on every refusal: a saturated budget refuses many times a
@@ -123,12 +119,14 @@ def wait_message(wait: Wait, now: float) -> str:
 @dataclass
 class _Open:
     """A grant the book holds for a task: its id, its fencing token, the debit (None:
-    restored), and whether the store has shown it landed."""
+    restored), whether the store has shown it landed, and the ids of the throttle
+    reports applied from its Lease (each once, for as long as the attempt lasts)."""
 
     grant_id: Hashable
     token: int
     debit: Debit | None
     landed: bool
+    throttles: set[str] = field(default_factory=set)
 
 
 class Budgets:
@@ -144,8 +142,6 @@ class Budgets:
         # minute: key -> (uid, placements), for a new leader's restore.
         self.finished: dict[Key, tuple[str, list[Placement]]] = {}
         self._forgot = clock.monotonic()  # when ``finished`` was last pruned
-        # Throttle reports applied (their ids), with when each may be forgotten.
-        self._throttles: dict[str, float] = {}
 
     # -- the budgets' specs ---------------------------------------------------------------
 
@@ -239,36 +235,22 @@ class Budgets:
         if held is None or lease.token is None or lease.token != held.token:
             return
         now = self.clock.monotonic()
+        needs = needs_of(task)
         before = self.book.accounted(held.grant_id)
-        usage = _usage(_json(lease.usage))
+        usage = _lease_usage(lease)
         if usage:
             self.book.correct(held.grant_id, usage, now)
-        report = _json(lease.report)
-        if isinstance(report, dict) and report.get("token") == held.token:
-            final = _usage(report.get("usage"))
-            if final:
-                self.book.correct(held.grant_id, final, now, final=True)
-        if usage or (isinstance(report, dict) and report.get("usage")):
+        final = _final_usage(lease, held.token)
+        if final:
+            self.book.correct(held.grant_id, final, now, final=True)
+        if usage or final:
             _count_corrections(before, self.book.accounted(held.grant_id))
-        self._throttle(_json(lease.throttled), needs_of(task), now)
-
-    def _throttle(self, said: object, needs: dict[str, Need], now: float) -> None:
-        if not isinstance(said, dict):
-            return
-        name, seconds, ident = said.get("budget"), said.get("retryAfterSeconds"), said.get("id")
-        if not isinstance(name, str) or name not in needs or not isinstance(ident, str):
-            return
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-            return
-        if not (0 < seconds <= MAX_RETRY_AFTER) or not math.isfinite(seconds):
-            return
-        for old in [i for i, until in self._throttles.items() if until < now]:
-            del self._throttles[old]
-        if ident in self._throttles:
-            return  # applied already (a Lease update that changed something else)
-        self._throttles[ident] = now + MAX_RETRY_AFTER
-        self.book.throttle(name, now + float(seconds))
-        metrics.BUDGET_THROTTLES.labels(name).inc()
+        throttle = _lease_throttle(lease)
+        if throttle is None or throttle.budget not in needs or throttle.id in held.throttles:
+            return  # none, not its task's, or applied already (a renewal since)
+        held.throttles.add(throttle.id)
+        self.book.throttle(throttle.budget, now + float(throttle.retry_after_seconds))
+        metrics.BUDGET_THROTTLES.labels(throttle.budget).inc()
 
     # -- a new leader ---------------------------------------------------------------------
 
@@ -327,17 +309,18 @@ class Budgets:
                 grant_id = (view.namespace, view.name, token)
                 lease = self.store.lease_of(view)
                 usage: dict[str, Usage] = {}
+                applied: set[str] = set()
                 if lease is not None and lease.view.token == token:
-                    usage = _usage(_json(lease.view.usage))
-                    said = _json(lease.view.throttled)
-                    if isinstance(said, dict) and isinstance(said.get("id"), str):
+                    usage = _lease_usage(lease.view) or {}
+                    said = _lease_throttle(lease.view)
+                    if said is not None:
                         # Applied by the last leader (its end is in throttledUntil): not
                         # again, at this Lease's next change.
-                        self._throttles[said["id"]] = now + MAX_RETRY_AFTER
+                        applied.add(said.id)
                 needs = needs_of(view)
                 usage = {name: u for name, u in usage.items() if name in needs}
                 grants.append(OpenGrant(grant_id, needs, min(at, now), usage))
-                self.open[key] = _Open(grant_id, token, None, landed=True)
+                self.open[key] = _Open(grant_id, token, None, landed=True, throttles=applied)
         self.forget_old()
         for key, (_, placements) in self.finished.items():
             if key not in seen:
@@ -388,32 +371,39 @@ def _count_corrections(before: dict[str, Usage], after: dict[str, Usage]) -> Non
                 metrics.BUDGET_CORRECTIONS.labels(name, resource, direction).inc(abs(moved))
 
 
-def _json(text: str | None) -> object:
-    if not text:
+def _lease_usage(lease: LeaseView) -> dict[str, Usage] | None:
+    """The attempt's cumulative usage on its claim's Lease (``agentq.dev/usage``), read
+    by ``agentq.protocol``: None when absent or not what a sidecar writes."""
+    if lease.usage is None:
+        return None
+    said = protocol.lease_usage({protocol.ANNOTATION_USAGE: lease.usage})
+    return None if said is None else _book_usage(said)
+
+
+def _lease_throttle(lease: LeaseView) -> protocol.Throttle | None:
+    """The last throttle its agent reported (``agentq.dev/throttled``), read by
+    ``agentq.protocol``: None when absent or not what a sidecar writes."""
+    if lease.throttled is None:
+        return None
+    return protocol.lease_throttle({protocol.ANNOTATION_THROTTLED: lease.throttled})
+
+
+def _final_usage(lease: LeaseView, token: int) -> dict[str, Usage] | None:
+    """The usage in the attempt's report (``agentq.dev/report``) when the report is the
+    attempt's (``token``) and readable (``Report.decode``, as its outcome is read)."""
+    if lease.report is None:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        report = protocol.Report.decode(lease.report)
+    except protocol.ProtocolError:
+        return None  # the attempt fails InvalidReport: its estimate stays spent
+    if report.token != token or not report.usage:
         return None
+    return _book_usage(report.usage)
 
 
-def _usage(said: object) -> dict[str, Usage]:
-    """``{"<budget>": {"requests": n, "tokens": n}}`` as usage; entries that do not fit
-    (not integers, negative, absurd) are left out (the sidecar refuses them first)."""
-    if not isinstance(said, dict):
-        return {}
-    out: dict[str, Usage] = {}
-    for name, amounts in said.items():
-        if not isinstance(name, str) or not isinstance(amounts, dict):
-            continue
-        requests, tokens = amounts.get("requests", 0), amounts.get("tokens", 0)
-        ok = all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= most
-            for v, most in ((requests, _MAX_REQUESTS), (tokens, _MAX_TOKENS))
-        )
-        if ok:
-            out[name] = Usage(requests=requests, tokens=tokens)
-    return out
+def _book_usage(usage: dict[str, protocol.Usage]) -> dict[str, Usage]:
+    return {name: Usage(requests=u.requests, tokens=u.tokens) for name, u in usage.items()}
 
 
 def _mono(at: datetime.datetime, wall: datetime.datetime, now: float) -> float:

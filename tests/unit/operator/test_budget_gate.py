@@ -407,6 +407,48 @@ async def test_a_throttle_on_a_lease_pauses_the_budget_for_everyone_once() -> No
     assert state(h, "p").throttled_until is not None
 
 
+@run
+async def test_a_throttle_is_applied_once_however_long_its_attempt_runs() -> None:
+    # The id is remembered for as long as the attempt holds its grant: a Lease renewed an
+    # hour later still carries the report, and it must not pause the budget again.
+    h = Harness()
+    await pool(h)
+    h.budget(budget("p"))
+    h.task(budgeted("a", "p").lease(7200))
+    await h.settle()
+    h.renew("a")
+    throttle = json.dumps({"budget": "p", "retryAfterSeconds": 10, "id": "1-0123456789abcdef"})
+    h.annotate_lease("a", "agentq.dev/throttled", throttle)
+    await h.settle()
+    await h.advance(3700)
+    h.renew("a")
+    await h.settle()
+    h.task(budgeted("b", "p"))
+    await h.settle()
+    assert "b" in assigned(h)
+
+
+@run
+async def test_a_throttle_that_is_not_a_sidecars_is_ignored() -> None:
+    h = Harness()
+    await pool(h)
+    h.budget(budget("p"))
+    h.task(budgeted("a", "p"))
+    await h.settle()
+    h.renew("a")
+    for bad in (
+        {"budget": "p", "retryAfterSeconds": 10, "id": ""},  # no id: could not be applied once
+        {"budget": "p", "retryAfterSeconds": 10, "id": "x", "by": "me"},  # unknown field
+        {"budget": "p", "retryAfterSeconds": 3601, "id": "y"},  # beyond an hour
+        {"budget": "other", "retryAfterSeconds": 10, "id": "z"},  # not its task's budget
+    ):
+        h.annotate_lease("a", "agentq.dev/throttled", json.dumps(bad))
+        await h.settle()
+    h.task(budgeted("b", "p"))
+    await h.settle()
+    assert "b" in assigned(h)
+
+
 def corrected(resource: str, direction: str) -> float:
     from prometheus_client import REGISTRY
 
@@ -445,7 +487,13 @@ async def test_usage_that_does_not_fit_is_ignored() -> None:
     h.task(task("a").requires("llm").budget("t", tokens=1000))
     await h.settle()
     h.renew("a")
-    for bad in ("not json", '{"t": {"tokens": -5}}', '{"t": {"tokens": 1.5}}', '["t"]'):
+    for bad in (
+        "not json",
+        '{"t": {"tokens": -5}}',
+        '{"t": {"tokens": 1.5}}',
+        '["t"]',
+        '{"t": {"tokens": 3000, "cost": 1}}',  # not what a sidecar writes: none of it read
+    ):
         h.annotate_lease("a", "agentq.dev/usage", bad)
         await h.settle()
     assert (state(h, "t").used.tokens, state(h, "t").reserved.tokens) == (0, 1000)
