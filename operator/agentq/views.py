@@ -471,6 +471,9 @@ class LeaseView:
     # Why the operator revoked this claim (agentq.dev/revoked): Cancelled or
     # DeadlineExceeded; any other text is taken as Cancelled. None: not revoked.
     revoked: str | None = None
+    # A worker Lease annotated agentq.dev/draining=true: its pod is going away; its
+    # claims stay, no new task is given to it.
+    draining: bool = False
 
     @property
     def key(self) -> Key:
@@ -479,7 +482,14 @@ class LeaseView:
     @property
     def fingerprint(self) -> tuple[object, ...]:
         """What changes when the holder writes (renewal, progress, report) -- or anyone does."""
-        return (self.holder, self.renew_time, self.token_text, self.progress, self.report)
+        return (
+            self.holder,
+            self.renew_time,
+            self.token_text,
+            self.progress,
+            self.report,
+            self.draining,
+        )
 
 
 def lease_view(body: Mapping[str, Any]) -> LeaseView:
@@ -522,6 +532,7 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         report=annotations.get(protocol.ANNOTATION_REPORT),
         worker_label=_label(labels.get(protocol.LABEL_WORKER)),
         revoked=_revoked(annotations.get(protocol.ANNOTATION_REVOKED)),
+        draining=annotations.get(protocol.ANNOTATION_DRAINING) == "true",
     )
 
 

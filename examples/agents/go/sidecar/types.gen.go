@@ -111,6 +111,14 @@ type CompleteRequest struct {
 	Token Token `json:"token"`
 }
 
+// Draining defines model for Draining.
+type Draining struct {
+	// Assignments Assignments still held (to finish before exiting).
+	Assignments int    `json:"assignments"`
+	Draining    bool   `json:"draining"`
+	Worker      string `json:"worker"`
+}
+
 // Error defines model for Error.
 type Error struct {
 	CurrentToken *int `json:"currentToken,omitempty"`
@@ -175,8 +183,11 @@ type ReportAcceptedState string
 type Status struct {
 	ApiRequests *map[string]int `json:"apiRequests,omitempty"`
 	Assignments int             `json:"assignments"`
-	Identity    string          `json:"identity"`
-	Namespace   string          `json:"namespace"`
+
+	// Draining Asked to drain (POST /v1/drain); the worker gets no new task.
+	Draining  *bool  `json:"draining,omitempty"`
+	Identity  string `json:"identity"`
+	Namespace string `json:"namespace"`
 
 	// RenewalRequests API requests those renewals took (equal to renewals without conflicts).
 	RenewalRequests *int `json:"renewalRequests,omitempty"`

@@ -39,6 +39,11 @@ when that thread next runs Python code; a blocking C call finishes first). When
 the sidecar cannot be reached until past the lease deadline, the lease is
 presumed lost too (the operator will have reclaimed it). ``complete()`` and
 ``fail()`` always ask the sidecar, which is the only judge of the claim.
+
+``drain()`` is for an agent told to stop (SIGTERM: its pod is scaled down or
+evicted): the operator gives this worker no new task while the sidecar keeps
+renewing the claims it holds, so the agent finishes them (or fails them,
+retryable) and then exits, and no claim is reclaimed for the pod's going away.
 """
 
 from __future__ import annotations
@@ -423,6 +428,10 @@ class SidecarClient:
                     while len(seen) > SEEN_MEMORY:
                         del seen[next(iter(seen))]
                     yield item
+
+    def drain(self) -> dict[str, Any]:
+        """Ask that this worker get no new task (the pod goes away); its claims are kept."""
+        return self.request("POST", "/v1/drain", {})
 
     # -- one attempt ---------------------------------------------------------------------------
 
