@@ -6,7 +6,6 @@ The operator runs as a process; scripted agents (real processes) hold the claims
 from __future__ import annotations
 
 import time
-
 import urllib.request
 from collections import Counter
 
@@ -72,10 +71,8 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     assert f'agentq_dispatches_total{{namespace="{fleet.namespace}"}} 12.0' in scraped
     assert 'agentq_completions_total{outcome="Succeeded"} 12.0' in scraped
     assert 'agentq_pending_tasks{capabilities="quantum"} 1.0' in scraped
-    assert (
-        f'agentq_namespace_pending_tasks{{capabilities="quantum",namespace="{fleet.namespace}"}} 1.0'
-        in scraped
-    )
+    labels = f'capabilities="quantum",namespace="{fleet.namespace}"'
+    assert f"agentq_namespace_pending_tasks{{{labels}}} 1.0" in scraped
     assert f'agentq_worker_ready{{namespace="{fleet.namespace}",worker="gpu-1"}} 1.0' in scraped
     assert "agentq_leader 1.0" in scraped
 
