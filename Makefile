@@ -86,7 +86,7 @@ controlplane: venv
 helm: venv
 	$(BIN)/agentq cluster build --helm
 
-# KEDA (e2e/test_keda.py: an agent pool scaled 0 -> N -> 0; docs/autoscaling.md), its
+# KEDA (an agent pool scaled 0 -> N -> 0 on the queue; docs/autoscaling.md), its
 # module downloaded from the Go module proxy and built, binaries into
 # ~/.cache/agentq/keda/<version>/bin and its Go build cache (>3 GB) into
 # ~/.cache/agentq/keda/<version>/gocache: ~17 min cold on 2 cores, minutes warm.
@@ -117,8 +117,8 @@ image: venv node-deps
 # host as it found it. Builds what it needs first (packages, kubelet, image, helm).
 # Two runs, each on a cluster of its own: after the chart's uninstall the scenario's
 # backlog was once not fully assigned on the same cluster (under investigation).
-e2e: venv node image helm keda
-	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py e2e/test_keda.py
+e2e: venv node image helm
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_scenario.py
 
 # A release's artifacts into dist/release/<version>/ (tools/src/agentq/release.py;
