@@ -303,6 +303,7 @@ class AgentApi:
     async def drain(self, request: web.Request) -> web.Response:
         """The pod goes away (its agent got SIGTERM): no new task for this worker; its
         claims stay renewed until the agent reports them or the sidecar stops. Idempotent."""
+        await self._body(request)  # a JSON object (nothing in it is read yet)
         if self.stopping:
             raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
         self.keeper.drain()

@@ -111,6 +111,9 @@ type CompleteRequest struct {
 	Token Token `json:"token"`
 }
 
+// DrainRequest Nothing to say yet; send {}.
+type DrainRequest = map[string]interface{}
+
 // Draining defines model for Draining.
 type Draining struct {
 	// Assignments Assignments still held (to finish before exiting).
@@ -262,6 +265,9 @@ type FailJSONRequestBody = FailRequest
 
 // HeartbeatJSONRequestBody defines body for Heartbeat for application/json ContentType.
 type HeartbeatJSONRequestBody = HeartbeatRequest
+
+// DrainJSONRequestBody defines body for Drain for application/json ContentType.
+type DrainJSONRequestBody = DrainRequest
 
 // Getter for additional properties for ReportAccepted. Returns the specified
 // element and whether it was found

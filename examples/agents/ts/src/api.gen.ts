@@ -281,6 +281,8 @@ export interface components {
                 [key: string]: number;
             };
         };
+        /** @description Nothing to say yet; send {}. */
+        DrainRequest: Record<string, never>;
         Draining: {
             worker: string;
             draining: boolean;
@@ -582,7 +584,12 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: never;
+        /** @description An empty JSON object (every POST carries JSON). */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DrainRequest"];
+            };
+        };
         responses: {
             /** @description Draining. */
             202: {
@@ -593,8 +600,10 @@ export interface operations {
                     "application/json": components["schemas"]["Draining"];
                 };
             };
+            400: components["responses"]["BadRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["HostNotAllowed"];
+            413: components["responses"]["PayloadTooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             503: components["responses"]["Unavailable"];
         };
