@@ -117,8 +117,8 @@ image: venv node-deps
 # host as it found it. Builds what it needs first (packages, kubelet, image, helm).
 # Two runs, each on a cluster of its own: after the chart's uninstall the scenario's
 # backlog was once not fully assigned on the same cluster (under investigation).
-e2e: venv node image helm
-	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py
+e2e: venv node image helm keda
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py e2e/test_keda.py
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_scenario.py
 
 # A release's artifacts into dist/release/<version>/ (tools/src/agentq/release.py;

@@ -202,11 +202,11 @@ class Keda:
 class Prometheus:
     """A Prometheus process scraping ``targets`` every second, on a free port."""
 
-    def __init__(self, workdir: Path, targets: list[str]) -> None:
+    def __init__(self, workdir: Path, targets: list[str], port: int | None = None) -> None:
         tool = shutil.which("prometheus")
         if tool is None:
             raise AssertionError("prometheus is not installed: `make system-deps` installs it")
-        self.port = free_port()
+        self.port = port or free_port()
         config = {
             "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
             "scrape_configs": [{"job_name": "agentq", "static_configs": [{"targets": targets}]}],
