@@ -113,8 +113,9 @@ image: venv node-deps
 
 # Real pods on a local node (root): tests/node (node lifecycle, crash recovery, the
 # image as non-root), the Helm chart installed, upgraded and uninstalled
-# (e2e/test_helm.py) and the e2e scenario (e2e/test_scenario.py), each leaving the
-# host as it found it. Builds what it needs first (packages, kubelet, image, helm).
+# (e2e/test_helm.py), an agent pool autoscaled by KEDA 0 -> N -> 0 (e2e/test_keda.py)
+# and the e2e scenario (e2e/test_scenario.py), each leaving the host as it found it.
+# Builds what it needs first (packages, kubelet, image, helm, KEDA).
 # Two runs, each on a cluster of its own: after the chart's uninstall the scenario's
 # backlog was once not fully assigned on the same cluster (under investigation).
 e2e: venv node image helm keda
