@@ -42,7 +42,10 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         binaries.resolve(build=False, binary_set=binaries.NODE)
     except (node.NodeError, binaries.BinaryError) as err:
         unavailable(str(err))
-    archive = imagebuild.archive_path(imagebuild.DEFAULT_TAG)
+    # AGENTQ_E2E_IMAGE_TAG: another build of `agentq cluster image --tag` (default the
+    # agentq:dev of `make image`).
+    tag = os.environ.get("AGENTQ_E2E_IMAGE_TAG") or imagebuild.DEFAULT_TAG
+    archive = imagebuild.archive_path(tag)
     if not archive.exists():
         unavailable(f"no image archive {archive} (run 'make image')")
     before = hostcheck.snapshot()
@@ -56,7 +59,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             kubeconfig=state.kubeconfig,
             kubectl=state.binaries["kubectl"],
             ctr=("ctr", "--address", state.node["containerd_socket"]),
-            image=imagebuild.DEFAULT_TAG,
+            image=tag,
             pull_policy="Never",
         )
     finally:

@@ -27,6 +27,10 @@ and one with ``"usage": {"<budget>": {"requests": n, "tokens": n}}`` records tha
 usage (``lease.record_usage``) when its work is done, so its report carries it
 (``complete``, ``fail``, ``fatal``).
 
+SIGTERM (the pod scaled down or evicted): ask the sidecar to drain (no new task
+for this worker), finish the attempts in hand, and exit once none is left and the
+sidecar lists none (``drained`` then). Its claims are never left to expire.
+
 ``pair_commands`` builds the argv of a sidecar + agent-sim pair (one agent pod's
 two containers as processes), for the demo and the tests.
 """
@@ -34,6 +38,8 @@ two containers as processes), for the demo and the tests.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import threading
 import time
@@ -149,6 +155,8 @@ class AgentSim:
         self.beat_seconds = beat_seconds
         self.sink_url = sink_url
         self.stop = threading.Event()
+        self._working: set[threading.Thread] = set()
+        self._lock = threading.Lock()
 
     def run(self) -> None:
         emit("started", behaviour=self.behaviour, sidecar=self.client.url)
@@ -159,11 +167,51 @@ class AgentSim:
                 token=assignment.token,
                 attempt=assignment.attempt,
             )
-            threading.Thread(
+            thread = threading.Thread(
                 target=self._attempt, args=(assignment,), name=assignment.task, daemon=True
-            ).start()
+            )
+            with self._lock:
+                self._working.add(thread)
+            thread.start()
+
+    def busy(self) -> int:
+        with self._lock:
+            return len(self._working)
+
+    def drain(self, *, quiet_seconds: float = 3.0, poll: float = 0.5) -> None:
+        """Tell the sidecar to drain, keep taking what it still hands out (a grant in
+        flight when the operator heard), and return once nothing is in hand and the
+        sidecar has listed nothing for ``quiet_seconds``."""
+        try:
+            self.client.drain()
+        except Exception as err:  # an older sidecar, or away: finish what is in hand
+            emit("drain-refused", why=repr(err))
+        emit("draining", busy=self.busy())
+        quiet_since: float | None = None
+        while True:
+            try:
+                listed = len(self.client.list()[1])
+            except Exception:
+                listed = 0  # the sidecar is away: nothing more will come
+            now = time.monotonic()
+            if self.busy() == 0 and listed == 0:
+                quiet_since = quiet_since if quiet_since is not None else now
+                if now - quiet_since >= quiet_seconds:
+                    break
+            else:
+                quiet_since = None
+            time.sleep(poll)
+        self.stop.set()
+        emit("drained")
 
     def _attempt(self, assignment: Assignment) -> None:
+        try:
+            self._work(assignment)
+        finally:
+            with self._lock:
+                self._working.discard(threading.current_thread())
+
+    def _work(self, assignment: Assignment) -> None:
         try:
             self._behave(assignment)
         except Cancelled as revoked:
@@ -346,7 +394,22 @@ def agent_sim(
         beat_seconds=beat_seconds,
         sink_url=sink,
     )
+    draining = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        # Drain in a thread of its own: the assignments loop goes on meanwhile.
+        if not draining.is_set():
+            draining.set()
+            threading.Thread(target=_drain_then_exit, args=(sim,), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         sim.run()
     except KeyboardInterrupt:
         sim.stop.set()
+
+
+def _drain_then_exit(sim: AgentSim) -> None:
+    sim.drain()
+    sys.stdout.flush()
+    os._exit(0)  # the assignments loop may sit in a long poll: do not wait for it

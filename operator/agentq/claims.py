@@ -772,6 +772,7 @@ class Readiness(enum.Enum):
 
     READY = "LeaseRenewed"
     PAUSED = "Paused"
+    DRAINING = "Draining"  # its sidecar is stopping (the pod goes away): claims kept
     LEASE_MISSING = "LeaseMissing"
     LEASE_NOT_LABELLED = "LeaseNotLabelled"
     LEASE_RELEASED = "LeaseReleased"
@@ -823,6 +824,12 @@ def readiness(
             Readiness.SUSPECT,
             f"a claim it held expired; waiting for Lease {lease_name} to be renewed again",
         )
+    if lease.draining:
+        return (
+            Readiness.DRAINING,
+            f"draining: {lease.holder} is stopping (its pod goes away); it finishes its "
+            "tasks and gets no new one",
+        )
     return Readiness.READY, f"Lease {lease_name} is renewed by {lease.holder}"
 
 
@@ -838,7 +845,7 @@ def _finite(value: float, digits: int = 6) -> float:
 
 def worker_phase(reason: Readiness) -> WorkerPhase:
     """The phase a worker's readiness gives it."""
-    if reason is Readiness.PAUSED:
+    if reason in (Readiness.PAUSED, Readiness.DRAINING):
         return WorkerPhase.DRAINING
     if reason is Readiness.READY:
         return WorkerPhase.READY

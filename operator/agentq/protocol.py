@@ -36,6 +36,9 @@ ANNOTATION_TASK_UID = f"{GROUP}/task-uid"  # the UID of the AgentTask a task Lea
 # Set by the operator on a task Lease whose claim it revokes: why (REVOKE_REASONS). The
 # sidecar stops renewing it and answers its agent 409 with that reason as the error.
 ANNOTATION_REVOKED = f"{GROUP}/revoked"
+# Set on its worker Lease by a sidecar whose pod is going away (its agent asked it to
+# drain: a scale-down): the worker keeps and renews its claims but gets no new task.
+ANNOTATION_DRAINING = f"{GROUP}/draining"
 REVOKE_CANCELLED = "Cancelled"  # spec.cancel
 REVOKE_DEADLINE = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
 REVOKE_REASONS = (REVOKE_CANCELLED, REVOKE_DEADLINE)

@@ -478,6 +478,9 @@ class LeaseView:
     # (agentq.dev/throttled), as written: read by the budgets (docs/budgets.md).
     usage: str | None = None
     throttled: str | None = None
+    # A worker Lease annotated agentq.dev/draining=true: its pod is going away; its
+    # claims stay, no new task is given to it.
+    draining: bool = False
 
     @property
     def key(self) -> Key:
@@ -491,7 +494,14 @@ class LeaseView:
     @property
     def fingerprint(self) -> tuple[object, ...]:
         """What changes when the holder writes (renewal, progress, report) -- or anyone does."""
-        return (self.holder, self.renew_time, self.token_text, self.progress, self.report)
+        return (
+            self.holder,
+            self.renew_time,
+            self.token_text,
+            self.progress,
+            self.report,
+            self.draining,
+        )
 
 
 def lease_view(body: Mapping[str, Any]) -> LeaseView:
@@ -542,6 +552,7 @@ def lease_view(body: Mapping[str, Any]) -> LeaseView:
         task_namespace=task_namespace,
         usage=_str(annotations.get(protocol.ANNOTATION_USAGE)),
         throttled=_str(annotations.get(protocol.ANNOTATION_THROTTLED)),
+        draining=annotations.get(protocol.ANNOTATION_DRAINING) == "true",
     )
 
 

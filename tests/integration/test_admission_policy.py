@@ -319,3 +319,63 @@ def test_a_workers_spec_is_a_persons_the_sidecar_only_lowers_it(
         "alpha",
         {"spec": {"paused": False, "weight": 8, "capabilities": ["llm", "code"]}},
     )
+
+
+def test_a_pool_pod_acts_as_the_worker_named_after_it_and_no_other(
+    control_plane: ControlPlane, agentq_installed: None, namespace: str
+) -> None:
+    """An autoscaled pool (docs/autoscaling.md) runs every pod under one account,
+    agentq-pool-<pool>; each pod is the worker named after itself: the pod name its
+    token is bound to, which the API server vouches for. It may keep that worker's Lease
+    and register that AgentWorker (owned by the pod), never another pod's or the pool's
+    name; a pool token bound to no pod is no worker at all."""
+    admin = control_plane.api_client()
+    core = client.CoreV1Api(admin)
+    account = "agentq-pool-p"
+    create_account(core, namespace, account)
+    client.RbacAuthorizationV1Api(admin).create_namespaced_role_binding(
+        namespace,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name=account),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="agentq-agent"
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=account)],
+        ),
+    )
+    pod = bound_pod(core, namespace, account, "p-abc12")
+    api = api_for_token(control_plane.kubeconfig, token(core, namespace, account, pod=pod))
+    leases = client.CoordinationV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    mine = lease("agentq-worker-p-abc12", holder="p-abc12", kind="worker", worker="p-abc12")
+    created = leases.create_namespaced_lease(namespace, mine)
+    created.metadata.annotations = {"agentq.dev/draining": "true"}
+    leases.replace_namespaced_lease("agentq-worker-p-abc12", namespace, created)
+    owned = worker("p-abc12", "llm").obj()
+    owned["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "Pod", "name": "p-abc12", "uid": pod.metadata.uid}
+    ]
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "agentworkers", owned)
+    for other in ("p-other", "p"):
+        refused(
+            lambda other=other: leases.create_namespaced_lease(
+                namespace,
+                lease(f"agentq-worker-{other}", holder="p-abc12", kind="worker", worker=other),
+            ),
+            by=POLICY,
+        )
+        refused(
+            lambda other=other: custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "agentworkers", worker(other, "llm").obj()
+            ),
+            by=POLICY,
+        )
+    unbound = client.CoordinationV1Api(
+        api_for_token(control_plane.kubeconfig, token(core, namespace, account))
+    )
+    refused(
+        lambda: unbound.create_namespaced_lease(
+            namespace, lease("agentq-worker-x", holder="x", kind="worker", worker="x")
+        ),
+        by=POLICY,
+    )

@@ -368,7 +368,12 @@ def test_one_image_override_reaches_every_component_examples_included(
     overlay; either way no `agentq:dev` is left."""
     kubectl = control_plane.kubectl_path
     # The tree as shipped names agentq:dev everywhere, from that one place.
-    for directory in (MANIFESTS, MANIFESTS / "agent", MANIFESTS / "examples"):
+    for directory in (
+        MANIFESTS,
+        MANIFESTS / "agent",
+        MANIFESTS / "examples",
+        MANIFESTS / "examples" / "autoscaling",
+    ):
         assert _images(kustomize(kubectl, directory)) == {"agentq:dev"}, directory
 
     # 1. A copy of the tree with the image set in manifests/image/ alone.
@@ -380,7 +385,7 @@ def test_one_image_override_reaches_every_component_examples_included(
     name, tag = IMAGE.rsplit(":", 1)
     body["images"] = [{"name": "agentq", "newName": name, "newTag": tag}]
     component.write_text(yaml.safe_dump(body))
-    for sub in ("", "agent", "examples"):
+    for sub in ("", "agent", "examples", "examples/autoscaling"):
         objects = kustomize(kubectl, tree / "manifests" / sub)
         assert "agentq:dev" not in json.dumps(objects), sub
         assert _images(objects) == {IMAGE}, sub

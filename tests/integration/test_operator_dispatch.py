@@ -5,6 +5,7 @@ The operator runs as a process; scripted agents (real processes) hold the claims
 
 from __future__ import annotations
 
+import time
 import urllib.request
 from collections import Counter
 
@@ -70,6 +71,8 @@ def test_tasks_go_only_to_capable_workers_and_complete(fleet: Fleet) -> None:
     assert f'agentq_dispatches_total{{namespace="{fleet.namespace}"}} 12.0' in scraped
     assert 'agentq_completions_total{outcome="Succeeded"} 12.0' in scraped
     assert 'agentq_pending_tasks{capabilities="quantum"} 1.0' in scraped
+    labels = f'capabilities="quantum",namespace="{fleet.namespace}"'
+    assert f"agentq_namespace_pending_tasks{{{labels}}} 1.0" in scraped
     assert f'agentq_worker_ready{{namespace="{fleet.namespace}",worker="gpu-1"}} 1.0' in scraped
     assert "agentq_leader 1.0" in scraped
 
@@ -129,3 +132,41 @@ def test_paused_and_not_ready_workers_get_nothing(fleet: Fleet) -> None:
     assert {t["status"]["worker"] for t in items} == {"ready"}
     fleet.wait_all(lambda _: fleet.worker("paused").get("status", {}).get("phase") == "Draining")
     fleet.wait_all(lambda _: fleet.worker("absent").get("status", {}).get("phase") == "NotReady")
+
+
+def test_an_agent_told_to_stop_drains_and_loses_no_claim(fleet: Fleet) -> None:
+    """A scale-down: the pod's agent gets SIGTERM while it holds two claims. It asks its
+    sidecar to drain (the worker Lease is marked agentq.dev/draining), the worker is
+    Draining and gets no new task, the two claims are finished and reported, and the
+    agent exits; the backlog goes to the other worker. No task is reclaimed."""
+    import signal as signals
+
+    for name in ("leaving", "staying"):
+        fleet.add_worker(worker(name).capabilities("llm").max_in_flight(2))
+    leaving = fleet.agent("leaving", "complete", work_seconds=4)
+    fleet.operator()
+    for i in range(2):
+        fleet.add_task(task(f"first-{i}").requires("llm"))
+    fleet.wait_all(
+        lambda items: all((t.get("status") or {}).get("phase") == "Running" for t in items)
+    )
+    leaving.agent.signal(signals.SIGTERM)
+    fleet.wait_all(lambda _: fleet.worker("leaving").get("status", {}).get("phase") == "Draining")
+    fleet.agent("staying", "complete", work_seconds=0.2)
+    for i in range(4):
+        fleet.add_task(task(f"later-{i}").requires("llm"))
+    items = fleet.wait_all(
+        lambda items: all((t.get("status") or {}).get("phase") == "Succeeded" for t in items),
+        timeout=60,
+    )
+    by_name = {t["metadata"]["name"]: t["status"] for t in items}
+    assert {by_name[f"first-{i}"]["worker"] for i in range(2)} == {"leaving"}
+    assert {by_name[f"later-{i}"]["worker"] for i in range(4)} == {"staying"}
+    assert all(status.get("reclaims", 0) == 0 for status in by_name.values())
+    assert all(status["attempt"] == 1 for status in by_name.values())
+    # It exits once nothing is in hand and its sidecar lists nothing for a while.
+    deadline = time.monotonic() + 20
+    while "drained" not in [e.get("event") for e in leaving.agent.events()]:
+        assert time.monotonic() < deadline, leaving.agent.text()
+        time.sleep(0.2)
+    assert "draining" in [e.get("event") for e in leaving.agent.events()]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentq.controlplane import binaries
-from agentq.controlplane.versions import HELM_VERSION
+from agentq.controlplane.versions import HELM_VERSION, KEDA_VERSION
 
 
 @pytest.fixture
@@ -109,3 +109,28 @@ def test_a_helm_on_path_of_another_version_is_not_taken(
         binaries.resolve(build=False, binary_set=binaries.HELM)
     helm.write_text(f"#!/bin/sh\necho 'version.BuildInfo{{Version:\"{HELM_VERSION}\"}}'\n")
     assert binaries.resolve(build=False, binary_set=binaries.HELM) == {"helm": helm}
+
+
+def test_keda_is_a_set_of_its_own_never_taken_from_path(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = empty_cache / "bin"
+    bin_dir.mkdir()
+    for name in ("keda-operator", "keda-adapter"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    cached = binaries.KEDA.cache_dir()
+    assert cached == empty_cache / "cache" / "keda" / KEDA_VERSION / "bin"
+    with pytest.raises(binaries.BinaryError) as err:
+        binaries.resolve(build=False, binary_set=binaries.KEDA)
+    assert "agentq cluster build --keda" in str(err.value)
+    cached.mkdir(parents=True)
+    for name in ("keda-operator", "keda-adapter"):
+        (cached / name).write_text("")
+    assert binaries.resolve(build=False, binary_set=binaries.KEDA) == {
+        "keda-operator": cached / "keda-operator",
+        "keda-adapter": cached / "keda-adapter",
+    }
+    script = (binaries.source_dir() / "build.sh").read_text()
+    assert 'GOCACHE="$(dirname "$dest")/gocache"' in script

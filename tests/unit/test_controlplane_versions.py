@@ -5,7 +5,12 @@ from __future__ import annotations
 import re
 
 from agentq.controlplane import binaries
-from agentq.controlplane.versions import ETCD_VERSION, HELM_VERSION, KUBERNETES_VERSION
+from agentq.controlplane.versions import (
+    ETCD_VERSION,
+    HELM_VERSION,
+    KEDA_VERSION,
+    KUBERNETES_VERSION,
+)
 
 
 def _required(go_mod: str, module: str) -> str:
@@ -33,3 +38,8 @@ def test_etcd_version_matches_wrapper_module() -> None:
 
 def test_helm_version_matches_wrapper_module() -> None:
     assert _required("helm/go.mod", "helm.sh/helm/v4") == HELM_VERSION
+
+
+def test_keda_version_matches_build_pin() -> None:
+    pinned = (binaries.source_dir() / "keda" / "VERSION").read_text().strip()
+    assert pinned == KEDA_VERSION

@@ -72,7 +72,7 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 
 
 def test_lint_passes(home: Path) -> None:
-    for values in ({}, {"agentPool.enabled": "true"}):
+    for values in ({}, {"agentPool.enabled": "true"}, {"autoscaledPool.enabled": "true"}):
         done = helm(home, "lint", "--strict", str(CHART), *helmchart.set_args(values))
         assert "0 chart(s) failed" in done.stdout, done.stdout
 
@@ -92,6 +92,52 @@ def test_the_agent_pool_renders_the_objects_of_manifests_agent(home: Path, kubec
     for obj in pool:
         assert obj["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "agentq"
     _assert_same_objects(want, pool)
+
+
+def test_the_autoscaled_pool_renders_manifests_examples_autoscaling(
+    home: Path, kubectl: str
+) -> None:
+    """autoscaledPool with its defaults, in namespace agentq-pool, is
+    manifests/examples/autoscaling/ but its Namespace (the release's, or made apart)."""
+    want = [
+        o
+        for o in manifests.kustomize(kubectl, manifests.MANIFESTS / "examples" / "autoscaling")
+        if o["kind"] != "Namespace"
+    ]
+    got = template(home, values={"autoscaledPool.enabled": "true"}, namespace="agentq-pool")
+    pool = [o for o in got if o["metadata"].get("namespace") == "agentq-pool"]
+    for obj in pool:
+        assert obj["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "agentq"
+    _assert_same_objects(want, pool)
+
+
+def test_the_autoscaled_pool_follows_its_values(home: Path) -> None:
+    objects = template(
+        home,
+        namespace="agents",
+        values={
+            "autoscaledPool.enabled": "true",
+            "autoscaledPool.name": "coder",
+            "autoscaledPool.maxInFlight": "4",
+            "autoscaledPool.keda.maxReplicaCount": "10",
+        },
+        extra=["--set-json", 'autoscaledPool.capabilities=["python","llm"]'],
+    )
+    scaled = _find(objects, "ScaledObject", "agent-pool-coder")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "agent-pool-coder"
+    assert scaled["spec"]["maxReplicaCount"] == 10
+    trigger = scaled["spec"]["triggers"][0]["metadata"]
+    assert trigger["threshold"] == "4"
+    assert 'namespace="agents",capabilities=~"llm,python|-"' in trigger["query"]
+    pod = _find(objects, "Deployment", "agent-pool-coder")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "agentq-pool-coder"
+    env = _env(pod["initContainers"][0])
+    assert env["AGENTQ_CAPABILITIES"] == "python,llm" and env["AGENTQ_MAX_IN_FLIGHT"] == "4"
+    sidecar_env = {e["name"]: e for e in pod["initContainers"][0]["env"]}
+    assert sidecar_env["AGENTQ_WORKER"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert _find(objects, "Deployment", "agent-pool-coder")["spec"]["replicas"] == 0
+    # Off by default: nothing of it rendered.
+    assert not [o for o in template(home) if o["kind"] == "ScaledObject"]
 
 
 def test_the_charts_crds_are_the_repositorys(home: Path) -> None:

@@ -69,9 +69,11 @@ def core_spec(worker: WorkerView, readiness: tuple[Readiness, str] | None) -> Wo
         capabilities=spec.capabilities,
         weight=max(MIN_WEIGHT, weight) if math.isfinite(weight) else 1.0,
         max_in_flight=spec.max_in_flight,
-        paused=spec.paused,
+        # A draining worker (its sidecar stopping) is held like a paused one: it keeps
+        # its claims, earns nothing and gets no new task.
+        paused=spec.paused or ready is Readiness.DRAINING,
         # Paused workers keep their readiness (Draining); the core reads paused.
-        ready=ready in (Readiness.READY, Readiness.PAUSED),
+        ready=ready in (Readiness.READY, Readiness.PAUSED, Readiness.DRAINING),
     )
 
 

@@ -40,6 +40,12 @@ PENDING = Gauge(
     "Tasks waiting for a worker, by required capability set.",
     ["capabilities"],
 )
+NAMESPACE_PENDING = Gauge(
+    "agentq_namespace_pending_tasks",
+    "Tasks waiting for a worker, by namespace and required capability set (what an "
+    "autoscaled agent pool of that namespace scales on; docs/autoscaling.md).",
+    ["namespace", "capabilities"],
+)
 TASKS_BY_PHASE = Gauge("agentq_tasks", "Tasks by phase.", ["phase"])
 WORKER_DEFICIT = Gauge("agentq_worker_deficit", "DRR deficit of a worker.", ["namespace", "worker"])
 WORKER_IN_FLIGHT = Gauge(

@@ -277,10 +277,12 @@ class Publisher:
         for phase, count in (self.indexes.phases + self.finished()).items():
             metrics.TASKS_BY_PHASE.labels(phase).set(count)
         metrics.PENDING.clear()
+        metrics.NAMESPACE_PENDING.clear()
         metrics.UNSCHEDULABLE.clear()
         metrics.OLDEST_PENDING.clear()
         queue = self.indexes.queue
         pending: dict[str, int] = {}
+        by_namespace: dict[tuple[str, str], int] = {}
         oldest: dict[tuple[str, str], float] = {}
         for namespace in queue.namespaces():
             unschedulable = 0
@@ -289,6 +291,8 @@ class Publisher:
                     required = where[0]
                     label = ",".join(sorted(required)) or "-"
                     pending[label] = pending.get(label, 0) + len(entry.members)
+                    place = (namespace, label)
+                    by_namespace[place] = by_namespace.get(place, 0) + len(entry.members)
                     if self.indexes.uncovered.get((namespace, required)):
                         unschedulable += len(entry.members)
                     head = queue.head(lane, where)
@@ -303,6 +307,8 @@ class Publisher:
             metrics.OLDEST_PENDING.labels(namespace, label).set(age)
         for label, count in pending.items():
             metrics.PENDING.labels(label).set(count)
+        for (namespace, label), count in by_namespace.items():
+            metrics.NAMESPACE_PENDING.labels(namespace, label).set(count)
 
     def _worker_metrics(self) -> None:
         """The per-worker gauges of the workers whose core state moved since the last time

@@ -85,6 +85,7 @@ class AgentApi:
         app.router.add_post("/v1/assignments/{task}/complete", self.complete)
         app.router.add_post("/v1/assignments/{task}/fail", self.fail)
         app.router.add_get("/v1/status", self.status)
+        app.router.add_post("/v1/drain", self.drain)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         return app
@@ -343,6 +344,22 @@ class AgentApi:
         except protocol.ProtocolError:
             return None
 
+    async def drain(self, request: web.Request) -> web.Response:
+        """The pod goes away (its agent got SIGTERM): no new task for this worker; its
+        claims stay renewed until the agent reports them or the sidecar stops. Idempotent."""
+        await self._body(request)  # a JSON object (nothing in it is read yet)
+        if self.stopping:
+            raise AgentError(503, "ShuttingDown", "the sidecar is shutting down")
+        self.keeper.drain()
+        return _json(
+            {
+                "worker": self.worker,
+                "draining": True,
+                "assignments": len(self.attempts.listing()),
+            },
+            202,
+        )
+
     # -- health ---------------------------------------------------------------------------
 
     async def status(self, request: web.Request) -> web.Response:
@@ -357,6 +374,7 @@ class AgentApi:
                 "watchSynced": self.watcher.synced,
                 "watchListings": self.watcher.relists,
                 "stopping": self.stopping,
+                "draining": self.keeper.draining,
                 "assignments": len(self.attempts.listing()),
                 "version": self.attempts.version,
                 "renewals": self.renewer.renewals,

@@ -74,6 +74,9 @@ class SidecarConfig:
     # and the projected token (audience agentq.dev/operator) that authenticates us there.
     operator_url: str | None = None
     operator_token_file: str = DEFAULT_OPERATOR_TOKEN_FILE
+    # The pod (name is identity) that owns the registered AgentWorker: garbage-collected
+    # with it. For a pool whose workers are its pods (docs/autoscaling.md).
+    owner_pod_uid: str | None = None
 
 
 class StartError(RuntimeError):
@@ -245,6 +248,16 @@ class Sidecar:
                     worker=self.config.worker,
                     spec=self.config.register,
                     stop=stop,
+                    owner=(
+                        {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": self.config.identity,
+                            "uid": self.config.owner_pod_uid,
+                        }
+                        if self.config.owner_pod_uid
+                        else None
+                    ),
                 )
             )
         try:
@@ -392,6 +405,13 @@ async def serve(config: SidecarConfig) -> None:
     "claim read (it rotates) [AGENTQ_OPERATOR_TOKEN_FILE]",
 )
 @click.option(
+    "--owner-pod-uid",
+    envvar="AGENTQ_OWNER_POD_UID",
+    help="with --capabilities: the registered AgentWorker is owned by this pod (its "
+    "--identity is the pod's name) and deleted with it; for a pool whose workers are "
+    "its pods [AGENTQ_OWNER_POD_UID]",
+)
+@click.option(
     "--log-level",
     envvar="AGENTQ_LOG_LEVEL",
     default="INFO",
@@ -413,6 +433,7 @@ def sidecar(
     shutdown_seconds: float,
     operator_url: str | None,
     operator_token_file: str,
+    owner_pod_uid: str | None,
     log_level: str,
 ) -> None:
     """Run the heartbeat sidecar of one agent: worker Lease, task Leases, agent API."""
@@ -459,6 +480,7 @@ def sidecar(
         metrics_port=metrics_port,
         operator_url=_operator_url(operator_url),
         operator_token_file=operator_token_file,
+        owner_pod_uid=owner_pod_uid or None,
     )
     try:
         asyncio.run(serve(config))

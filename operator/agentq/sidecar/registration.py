@@ -20,9 +20,17 @@ log = logging.getLogger("agentq.sidecar.registration")
 
 
 async def register(
-    api: KubeApi, *, namespace: str, worker: str, spec: dict[str, Any], stop: asyncio.Event
+    api: KubeApi,
+    *,
+    namespace: str,
+    worker: str,
+    spec: dict[str, Any],
+    stop: asyncio.Event,
+    owner: dict[str, Any] | None = None,
 ) -> bool:
-    """Create or update ``AgentWorker/<worker>`` with ``spec``; True once it matches."""
+    """Create or update ``AgentWorker/<worker>`` with ``spec``; True once it matches.
+    ``owner`` (an ownerReference, the pod's): set when it is created, so the garbage
+    collector deletes it with the pod (a pool's worker)."""
     backoff = Backoff(initial=0.5, maximum=10.0)
     path = custom_path(GROUP, VERSION, namespace, "agentworkers", worker)
     while not stop.is_set():
@@ -35,7 +43,11 @@ async def register(
                 body = {
                     "apiVersion": f"{GROUP}/{VERSION}",
                     "kind": "AgentWorker",
-                    "metadata": {"name": worker, "namespace": namespace},
+                    "metadata": {
+                        "name": worker,
+                        "namespace": namespace,
+                        **({"ownerReferences": [owner]} if owner else {}),
+                    },
                     "spec": spec,
                 }
                 await api.request(

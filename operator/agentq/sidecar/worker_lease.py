@@ -16,6 +16,11 @@ lock that makes this sidecar the only one serving the worker's task Leases.
 - ``held(now)``: our last successful write is younger than the Lease's duration.
   Task Leases are renewed only while this holds, so a sidecar that was frozen or
   cut off first proves it still holds the worker Lease before renewing anything.
+- ``drain()`` when the pod goes away (its agent asks, ``POST /v1/drain``): the Lease
+  is renewed at once annotated ``agentq.dev/draining=true``, and kept so; the
+  operator then gives the worker no new task while its claims stay renewed, so the
+  agent can finish them before it exits (a scale-down that loses no claim). A
+  takeover or a new Lease never carries the annotation.
 - ``release()`` on shutdown: a replace with ``holderIdentity`` cleared (and a
   one-second duration, as client-go's ReleaseOnCancel writes), so the operator
   stops dispatching to the worker at once.
@@ -78,6 +83,8 @@ class WorkerLeaseKeeper:
         self._taking_over = False
         self._tracker = LeaseTracker()
         self.renewals = 0
+        self.draining = False
+        self._renew_now = asyncio.Event()
 
     # -- state --------------------------------------------------------------------------
 
@@ -113,8 +120,16 @@ class WorkerLeaseKeeper:
             except Exception:  # never let the keeper die: the pod would look alive but idle
                 log.exception("worker Lease %s: unexpected error", self.name)
                 delay = backoff.next()
+            self._renew_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+                await asyncio.wait_for(_first(stop, self._renew_now), timeout=delay)
+
+    def drain(self) -> None:
+        """Mark the worker draining: the next renewal (at once) carries the annotation."""
+        if not self.draining:
+            log.info("worker Lease %s: draining (no new task; claims kept)", self.name)
+        self.draining = True
+        self._renew_now.set()
 
     async def step(self) -> None:
         """One round: renew the Lease we hold, or try to acquire it."""
@@ -187,6 +202,7 @@ class WorkerLeaseKeeper:
         body = copy.deepcopy(current)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        self._mark_draining(body)
         now = micro_rfc3339(self.clock.now())
         spec = body.setdefault("spec", {})
         if spec.get("holderIdentity") != self.identity:
@@ -280,6 +296,7 @@ class WorkerLeaseKeeper:
         body = copy.deepcopy(lease)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        self._mark_draining(body)
         spec = body.setdefault("spec", {})
         spec["holderIdentity"] = self.identity
         spec["leaseDurationSeconds"] = self.duration
@@ -322,11 +339,29 @@ class WorkerLeaseKeeper:
         log.info("released worker Lease %s", self.name)
         return True
 
+    def _mark_draining(self, body: Body) -> None:
+        annotations = dict(body["metadata"].get("annotations") or {})
+        if self.draining:
+            annotations[protocol.ANNOTATION_DRAINING] = "true"
+        else:
+            annotations.pop(protocol.ANNOTATION_DRAINING, None)
+        body["metadata"]["annotations"] = annotations
+
     def _labels(self) -> dict[str, str]:
         return {
             protocol.LABEL_LEASE_KIND: "worker",
             protocol.LABEL_WORKER: protocol.label_value(self.worker),
         }
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Return when any of ``events`` is set."""
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def current_holder(lease: Body) -> str | None:

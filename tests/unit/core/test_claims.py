@@ -300,6 +300,27 @@ def test_worker_readiness_says_what_is_missing() -> None:
     )
 
 
+def test_a_draining_worker_lease_keeps_claims_but_takes_no_new_task() -> None:
+    """A sidecar whose pod goes away (a scale-down) marks its worker Lease draining: the
+    worker is Draining (held like a paused one: claims kept, no new task), not NotReady
+    (which would leave its claims to expire), and only while the Lease is fresh."""
+    from agentq.models import WorkerPhase
+    from agentq.operator.cores import core_spec
+
+    w = views.worker_view(worker("w1", "llm").namespace("ns").obj())
+    draining = lease(**{protocol.ANNOTATION_DRAINING: "true"})
+    assert draining.draining and not lease().draining
+    assert draining.fingerprint != lease().fingerprint
+    reason, message = claims.readiness(w, draining, fresh=True, unlabelled=False, suspect=False)
+    assert reason is Readiness.DRAINING and "no new one" in message
+    assert claims.worker_phase(reason) is WorkerPhase.DRAINING
+    spec = core_spec(w, (reason, message))
+    assert spec is not None and spec.paused and spec.ready
+    assert claims.readiness(w, draining, fresh=False, unlabelled=False, suspect=False)[0] is (
+        Readiness.LEASE_STALE
+    )
+
+
 def test_a_worker_status_never_carries_inf_or_nan() -> None:
     w = views.worker_view(worker("w1", "llm").weight(5e-324).namespace("ns").obj())
     status = claims.worker_status(

@@ -312,3 +312,51 @@ async def test_the_api_refuses_calls_without_the_secret_and_health_needs_none() 
     finally:
         await bare.close()
         await health.close()
+
+
+@run
+async def test_drain_marks_the_worker_lease_and_keeps_renewing_claims() -> None:
+    """POST /v1/drain (the agent got SIGTERM: a scale-down) renews the worker Lease at once
+    with agentq.dev/draining=true and keeps it so; the task Leases stay renewable; a
+    takeover by a new pod never carries the mark."""
+    api = FakeApi()
+    sidecar = Sidecar(api)
+    await sidecar.keeper.step()  # creates the worker Lease
+    assert sidecar.keeper.holding
+    worker_path = lease_path(NS, "agentq-worker-w")
+    assert protocol.ANNOTATION_DRAINING not in (
+        api.objects[worker_path]["metadata"].get("annotations") or {}
+    )
+    client = await agent(sidecar)
+    stop = asyncio.Event()
+    loop = asyncio.create_task(sidecar.keeper.run(stop))
+    try:
+        answer = await client.post("/v1/drain", json={})
+        assert answer.status == 202 and (await answer.json())["draining"] is True
+        await wait_for(
+            lambda: (
+                (api.objects[worker_path]["metadata"].get("annotations") or {}).get(
+                    protocol.ANNOTATION_DRAINING
+                )
+                == "true"
+            )
+        )
+        status = await (await client.get("/v1/status")).json()
+        assert status["draining"] is True and status["workerLeaseHeld"] is True
+    finally:
+        stop.set()
+        await loop
+        await client.close()
+    # Renewals go on carrying it; the worker Lease is still ours (claims renewable).
+    await sidecar.keeper.step()
+    assert api.objects[worker_path]["metadata"]["annotations"][protocol.ANNOTATION_DRAINING]
+    assert sidecar.keeper.held(sidecar.clock.monotonic())
+    # Another pod taking the Lease over starts undrained.
+    other = Sidecar(api, identity="pod-2")
+    await other.keeper.step()
+    other.clock.advance(16)
+    await other.keeper.step()
+    assert other.keeper.holding
+    assert protocol.ANNOTATION_DRAINING not in (
+        api.objects[worker_path]["metadata"].get("annotations") or {}
+    )

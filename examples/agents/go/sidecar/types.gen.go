@@ -136,6 +136,17 @@ type CompleteRequest struct {
 	Usage *Usage `json:"usage,omitempty"`
 }
 
+// DrainRequest Nothing to say yet; send {}.
+type DrainRequest = map[string]interface{}
+
+// Draining defines model for Draining.
+type Draining struct {
+	// Assignments Assignments still held (to finish before exiting).
+	Assignments int    `json:"assignments"`
+	Draining    bool   `json:"draining"`
+	Worker      string `json:"worker"`
+}
+
 // Error defines model for Error.
 type Error struct {
 	CurrentToken *int `json:"currentToken,omitempty"`
@@ -212,8 +223,11 @@ type ReportAcceptedState string
 type Status struct {
 	ApiRequests *map[string]int `json:"apiRequests,omitempty"`
 	Assignments int             `json:"assignments"`
-	Identity    string          `json:"identity"`
-	Namespace   string          `json:"namespace"`
+
+	// Draining Asked to drain (POST /v1/drain); the worker gets no new task.
+	Draining  *bool  `json:"draining,omitempty"`
+	Identity  string `json:"identity"`
+	Namespace string `json:"namespace"`
 
 	// RenewalRequests API requests those renewals took (equal to renewals without conflicts).
 	RenewalRequests *int `json:"renewalRequests,omitempty"`
@@ -299,6 +313,9 @@ type FailJSONRequestBody = FailRequest
 
 // HeartbeatJSONRequestBody defines body for Heartbeat for application/json ContentType.
 type HeartbeatJSONRequestBody = HeartbeatRequest
+
+// DrainJSONRequestBody defines body for Drain for application/json ContentType.
+type DrainJSONRequestBody = DrainRequest
 
 // Getter for additional properties for ReportAccepted. Returns the specified
 // element and whether it was found

@@ -127,6 +127,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/drain": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** The pod goes away (the agent got SIGTERM: a scale-down, an eviction): this worker gets no new task; the claims it holds stay renewed until the agent reports them. Idempotent. The agent then finishes (or fails) what it holds and exits. */
+        post: operations["drain"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -282,6 +299,8 @@ export interface components {
             /** @description How many times the task Lease watch has listed (1 + resyncs). */
             watchListings?: number;
             stopping?: boolean;
+            /** @description Asked to drain (POST /v1/drain); the worker gets no new task. */
+            draining?: boolean;
             assignments: number;
             version?: number;
             /** @description Successful renewals of task Leases. */
@@ -292,6 +311,14 @@ export interface components {
             apiRequests?: {
                 [key: string]: number;
             };
+        };
+        /** @description Nothing to say yet; send {}. */
+        DrainRequest: Record<string, never>;
+        Draining: {
+            worker: string;
+            draining: boolean;
+            /** @description Assignments still held (to finish before exiting). */
+            assignments: number;
         };
         Health: {
             status: string;
@@ -579,6 +606,37 @@ export interface operations {
             };
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["HostNotAllowed"];
+        };
+    };
+    drain: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description An empty JSON object (every POST carries JSON). */
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["DrainRequest"];
+            };
+        };
+        responses: {
+            /** @description Draining. */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Draining"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["HostNotAllowed"];
+            413: components["responses"]["PayloadTooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            503: components["responses"]["Unavailable"];
         };
     };
     healthz: {

@@ -45,6 +45,11 @@ after each call to a provider adds to the attempt's running total, which the
 heartbeats and the report send (cumulative); ``lease.throttled("openai", 20)`` when
 the provider answered 429 with ``retry-after: 20`` pauses that budget for every
 agent.
+
+``drain()`` is for an agent told to stop (SIGTERM: its pod is scaled down or
+evicted): the operator gives this worker no new task while the sidecar keeps
+renewing the claims it holds, so the agent finishes them (or fails them,
+retryable) and then exits, and no claim is reclaimed for the pod's going away.
 """
 
 from __future__ import annotations
@@ -443,6 +448,10 @@ class SidecarClient:
                     while len(seen) > SEEN_MEMORY:
                         del seen[next(iter(seen))]
                     yield item
+
+    def drain(self) -> dict[str, Any]:
+        """Ask that this worker get no new task (the pod goes away); its claims are kept."""
+        return self.request("POST", "/v1/drain", {})
 
     # -- one attempt ---------------------------------------------------------------------------
 

@@ -327,6 +327,25 @@ class Cluster:
             # No kube-proxy or nodes consume the kubernetes endpoints here.
             "--endpoint-reconciler-type=none",
             "--profiling=false",
+            *Cluster._aggregation_args(certs),
+        ]
+
+    @staticmethod
+    def _aggregation_args(certs: pki.Pki) -> list[str]:
+        """The aggregation layer, so an APIService (KEDA's external metrics adapter,
+        docs/autoscaling.md) can serve an API: the API server proxies to its endpoints
+        (no kube-proxy here) with the front-proxy client certificate."""
+        if certs.front_proxy_ca_cert is None:
+            return []
+        return [
+            f"--requestheader-client-ca-file={certs.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={pki.FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={certs.front_proxy_client_cert}",
+            f"--proxy-client-key-file={certs.front_proxy_client_key}",
+            "--enable-aggregator-routing=true",
         ]
 
     def _kcm_args(self, kubeconfig: str, certs: pki.Pki) -> list[str]:

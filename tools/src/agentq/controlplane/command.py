@@ -13,7 +13,12 @@ import click
 
 from agentq.controlplane import binaries, host, node
 from agentq.controlplane.cluster import Cluster, ClusterError, default_state_dir
-from agentq.controlplane.versions import ETCD_VERSION, HELM_VERSION, KUBERNETES_VERSION
+from agentq.controlplane.versions import (
+    ETCD_VERSION,
+    HELM_VERSION,
+    KEDA_VERSION,
+    KUBERNETES_VERSION,
+)
 
 
 def _say(line: str) -> None:
@@ -118,10 +123,18 @@ def status(state_dir: Path | None, as_json: bool) -> None:
     is_flag=True,
     help=f"Only helm ({HELM_VERSION}, for charts/agentq), not the control plane.",
 )
-def build(node: bool, helm_only: bool) -> None:
+@click.option(
+    "--keda",
+    "keda_only",
+    is_flag=True,
+    help=f"Only KEDA ({KEDA_VERSION}: operator, metrics adapter, CRDs), not the control plane.",
+)
+def build(node: bool, helm_only: bool, keda_only: bool) -> None:
     """Build (or find) the control-plane binaries and print where they are."""
     try:
-        if helm_only:
+        if keda_only:
+            paths = binaries.resolve(build=True, say=_say, binary_set=binaries.KEDA)
+        elif helm_only:
             paths = binaries.resolve(build=True, say=_say, binary_set=binaries.HELM)
         else:
             click.echo(f"# etcd {ETCD_VERSION}, Kubernetes {KUBERNETES_VERSION}", err=True)

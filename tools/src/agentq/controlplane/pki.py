@@ -3,7 +3,9 @@
 Everything is generated fresh for each cluster in its state directory: a CA,
 the API server's serving certificate (loopback names only), a client
 certificate in ``system:masters`` for the admin kubeconfig, and the
-service-account signing key pair. ECDSA P-256 keeps generation fast.
+service-account signing key pair, and for the aggregation layer a front-proxy CA
+and the client certificate the API server proxies with. ECDSA P-256 keeps generation
+fast.
 
 With a local node (``up --node``) the same CA also issues the kubelet's client
 certificate (``system:node:<name>`` in ``system:nodes``, which the Node
@@ -44,6 +46,15 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    # The aggregation layer (APIService-served APIs such as KEDA's external metrics): a
+    # CA of its own, and the client certificate the API server presents to those servers
+    # when it proxies a request (CN front-proxy-client, the only name they accept).
+    front_proxy_ca_cert: Path | None = None
+    front_proxy_client_cert: Path | None = None
+    front_proxy_client_key: Path | None = None
+
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -214,6 +225,9 @@ def generate(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        front_proxy_ca_cert=directory / "front-proxy-ca.crt",
+        front_proxy_client_cert=directory / "front-proxy-client.crt",
+        front_proxy_client_key=directory / "front-proxy-client.key",
     )
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-local-ca")])
@@ -254,6 +268,23 @@ def generate(directory: Path) -> Pki:
     )
     _write(pki.admin_key, _pem_key(admin_key))
     _write(pki.admin_cert, admin.public_bytes(serialization.Encoding.PEM))
+
+    # Its own CA: a client certificate of the cluster's CA must not pass for the proxy.
+    fp_key = _key()
+    fp_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-front-proxy-ca")])
+    fp_ca = _cert(subject=fp_name, key=fp_key, issuer=fp_name, issuer_key=fp_key, ca=True)
+    assert pki.front_proxy_ca_cert and pki.front_proxy_client_cert and pki.front_proxy_client_key
+    _write(pki.front_proxy_ca_cert, fp_ca.public_bytes(serialization.Encoding.PEM))
+    proxy_key = _key()
+    proxy = _cert(
+        subject=_name(FRONT_PROXY_CLIENT),
+        key=proxy_key,
+        issuer=fp_name,
+        issuer_key=fp_key,
+        client=True,
+    )
+    _write(pki.front_proxy_client_key, _pem_key(proxy_key))
+    _write(pki.front_proxy_client_cert, proxy.public_bytes(serialization.Encoding.PEM))
 
     sa_key = _key()
     _write(pki.sa_key, _pem_key(sa_key))
