@@ -542,3 +542,37 @@ async def test_the_budget_status_says_saturated_and_the_gauges_count_oversized_t
     assert REGISTRY.get_sample_value("agentq_budget_waiting_tasks", {"budget": "one"}) == 2
     small = h.kube.get("agentbudgets", "", "small")["status"]  # type: ignore[index]
     assert small["waiting"] == 0  # a task it can never admit does not wait for it
+
+
+@run
+async def test_a_budget_that_is_the_bottleneck_is_shared_by_queue_weights() -> None:
+    """issue 21 item 5: one grant a second (requestsPerMinute 60) for two backlogged
+    queues of weights 1:3 on a pool with room for all: the budget's grants go 1:3, within
+    the queue level's DRR bound (one task's cost) at every prefix of the grant order."""
+    from builders import queue
+
+    h = Harness()
+    h.namespace(NS, team="a")
+    await pool(h)
+    h.queue(queue("light").selects(team="a").workers_in(NS).weight(1))
+    h.queue(queue("heavy").selects(team="a").workers_in(NS).weight(3))
+    h.budget(budget("openai").requests_per_minute(60))
+    for i in range(40):
+        for q in ("light", "heavy"):
+            h.task(budgeted(f"{q}-{i:02d}", "openai").queue(q).lease(3600))
+    await h.settle()
+    order: list[str] = sorted(assigned(h))
+    for _ in range(160):
+        if len(order) >= 40:
+            break
+        await h.advance(0.5)
+        new = assigned(h) - set(order)
+        assert len(new) <= 1, new  # the budget's pace: one a second
+        order += sorted(new)
+    assert len(order) >= 40
+    order = order[:40]
+    for n in range(1, len(order) + 1):
+        light = sum(1 for name in order[:n] if name.startswith("light"))
+        heavy = n - light
+        assert abs(heavy - 3 * light) <= 4, (n, light, heavy)  # (1 + 3) x one task's cost
+    assert sum(1 for name in order if name.startswith("light")) in (9, 10, 11)
