@@ -11,7 +11,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.clock import micro_rfc3339
-from agentq.operator.port import KubeError
+from agentq.operator.port import KubeError, Status
 from builders import queue, task
 from harness import NS, Harness, run
 
@@ -280,3 +280,115 @@ async def test_a_foreign_grant_of_unknown_outcome_holds_its_slot_in_the_pools_co
     assert h.controller.stats.unknown == 2
     assert status(h, TEAM_B, "b1")["phase"] == "Assigned"
     assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1", "team-b~b1": "w1"}
+
+
+def forge(h: Harness, namespace: str, name: str, **annotations: str) -> None:
+    """A Lease named like a claim's, created by someone else in ``namespace``."""
+    h.kube.put(
+        "leases",
+        {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK},
+                "annotations": annotations,
+            },
+            "spec": {"holderIdentity": "mallory"},
+        },
+    )
+
+
+@run
+async def test_a_forged_lease_in_another_namespace_is_not_the_claims() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    first = status(h, TEAM_A, "a1")
+    assert first["phase"] == "Assigned"
+    # A user of team-b names a Lease of its own namespace after team-a's claim.
+    forged = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, forged)
+    await h.settle()
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    st = status(h, TEAM_A, "a1")
+    # The attempt goes on: not failed as LeaseTampered, no second grant.
+    assert (st["phase"], st["fencingToken"]) == ("Running", first["fencingToken"])
+    assert not st.get("reclaims")
+    assert xlease(h, TEAM_A, "a1") is not None
+    assert h.kube.get("leases", TEAM_B, forged) is not None  # not ours to delete
+    # The real Lease is still the claim's: a report on it ends the task, and it is deleted.
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert xlease(h, TEAM_A, "a1") is None
+
+
+@run
+async def test_a_forged_cross_lease_is_never_a_same_namespace_claims() -> None:
+    h = Harness()
+    await fleet(h)
+    h.queue(queue("qp").selects().workers_in(NS))
+    h.task(task("p1").requires("llm").queue("qp"))
+    await h.settle()
+    assert h.phase("p1") == "Assigned"
+    token = h.status("p1")["fencingToken"]
+    # Its own Lease goes (someone deleted it), and a Lease named as if p1 were a task
+    # of another namespace's claim appears in team-b.
+    h.kube.hold_events()
+    h.kube.remove("leases", NS, protocol.task_lease_name("p1"))
+    forge(h, TEAM_B, protocol.cross_task_lease_name(NS, "p1"))
+    h.kube.deliver()
+    await h.settle()
+    # The grant's Lease is written again (as for any missing Lease), nothing failed.
+    assert h.phase("p1") == "Assigned"
+    assert h.status("p1")["fencingToken"] == token
+    assert not h.status("p1").get("reclaims")
+    assert h.lease("p1") is not None
+    assert h.kube.get("leases", TEAM_B, protocol.cross_task_lease_name(NS, "p1")) is not None
+
+
+@run
+async def test_the_index_of_cross_leases_keeps_every_lease_of_a_task() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)
+    await h.settle()
+    assert h.controller.store.xleases == {(TEAM_A, "a1"): {(NS, name), (TEAM_B, name)}}
+    h.kube.remove("leases", TEAM_B, name)  # the forger's goes: the real one still indexed
+    await h.settle()
+    assert h.controller.store.xleases == {(TEAM_A, "a1"): {(NS, name)}}
+    # Deleting the task deletes its claim's Lease.
+    h.kube.remove("agenttasks", TEAM_A, "a1")
+    await h.settle()
+    assert xlease(h, TEAM_A, "a1") is None
+    assert h.controller.store.xleases == {}
+
+
+@run
+async def test_an_earlier_claims_lease_is_deleted_after_the_reclaim_but_no_forgery() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)  # no UID of the task: never taken for its Lease
+    # The reclaim's delete of the expired claim's Lease finds it changed (409): the task,
+    # Pending now with no workerNamespace, still finds it by its name and UID.
+    h.kube.inject("delete_lease", Status.CONFLICT, when=lambda args: args[0] == NS)
+    h.kube.hold_events()
+    h.kube.remove("agentworkers", NS, "w1")  # no worker to grant it again to
+    h.clock.advance(11)
+    h.kube.deliver()
+    await h.settle()
+    await h.advance(5)
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st.get("workerNamespace")) == ("Pending", None)
+    assert st["reclaims"] == 1
+    assert h.kube.calls["delete_lease"] == 2  # refused once, then deleted
+    assert xlease(h, TEAM_A, "a1") is None
+    assert h.kube.get("leases", TEAM_B, name) is not None
