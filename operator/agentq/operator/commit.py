@@ -54,6 +54,7 @@ OPERATOR_REASONS = frozenset(
         "LeaseExpired",
         "LeaseReleased",
         "LeaseTampered",
+        "LeaseUnwritable",
         "ProgressDeadlineExceeded",
         "InvalidReport",
         "StatusRefused",

@@ -392,3 +392,52 @@ async def test_an_earlier_claims_lease_is_deleted_after_the_reclaim_but_no_forge
     assert h.kube.calls["delete_lease"] == 2  # refused once, then deleted
     assert xlease(h, TEAM_A, "a1") is None
     assert h.kube.get("leases", TEAM_B, name) is not None
+
+
+def in_pool(args: tuple[Any, ...]) -> bool:
+    return bool(args[0] == NS)
+
+
+@run
+async def test_a_claim_whose_pool_namespace_is_terminating_is_reclaimed() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"
+    # The pool namespace is deleted: its contents go, and nothing new may be created in
+    # it (403 "being terminated") -- the grant's Lease cannot be written again.
+    h.kube.inject("create_lease", Status.FORBIDDEN, times=10_000, when=in_pool)
+    h.kube.remove("agentworkers", NS, "w1")
+    h.kube.remove("leases", NS, protocol.worker_lease_name("w1"))
+    h.kube.remove("leases", NS, protocol.cross_task_lease_name(TEAM_A, "a1"))
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"  # the write is tried again
+    await h.run_for(12, step=1)
+    st = status(h, TEAM_A, "a1")
+    # As an expired claim: the attempt failed and counted, the task queued again.
+    assert (st["phase"], st["reclaims"]) == ("Pending", 1)
+    assert st["error"]["reason"] == "LeaseUnwritable"
+    assert "LeaseUnwritable" in h.kube.reasons("a1")
+    calls = h.kube.calls["create_lease"]
+    await h.run_for(120, step=10)
+    assert h.kube.calls["create_lease"] == calls  # no retry loop once reclaimed
+
+
+@run
+async def test_a_claim_whose_pool_namespace_is_gone_is_reclaimed_and_granted_again() -> None:
+    h = Harness()
+    await fleet(h, slots=1, workers=2)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    first = status(h, TEAM_A, "a1")
+    # The Lease goes and its re-create answers 404: the namespace is not found.
+    h.kube.inject("create_lease", Status.GONE, times=100, when=in_pool)
+    h.kube.remove("leases", NS, protocol.cross_task_lease_name(TEAM_A, "a1"))
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"
+    await h.run_for(12, step=1)
+    st = status(h, TEAM_A, "a1")
+    assert st["reclaims"] == 1
+    assert st["history"][-1]["reason"] == "LeaseUnwritable"
+    assert st["fencingToken"] > first["fencingToken"]
