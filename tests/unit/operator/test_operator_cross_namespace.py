@@ -441,3 +441,44 @@ async def test_a_claim_whose_pool_namespace_is_gone_is_reclaimed_and_granted_aga
     assert st["reclaims"] == 1
     assert st["history"][-1]["reason"] == "LeaseUnwritable"
     assert st["fencingToken"] > first["fencingToken"]
+
+
+@run
+async def test_an_expired_foreign_claim_makes_the_pool_worker_suspect() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    # A worker of the team's own namespace with the pool worker's name.
+    h.kube.put(
+        "agentworkers",
+        {
+            "metadata": {"name": "w1", "namespace": TEAM_A},
+            "spec": {"capabilities": ["llm"], "maxInFlight": 1, "weight": 1.0},
+        },
+    )
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["worker"] == "w1"
+    h.clock.advance(11)  # the claim expires: its holder, the pool's w1, is suspect
+    await h.settle()
+    workers = h.controller.store.workers
+    assert workers[(NS, "w1")].suspect_since is not None
+    assert workers[(TEAM_A, "w1")].suspect_since is None
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st["reclaims"]) == ("Pending", 1)  # not granted to it again yet
+    h.kube.remove("agentworkers", TEAM_A, "w1")  # (its metric series go with it)
+    await h.settle()
+
+
+@run
+async def test_the_oldest_pending_gauge_counts_foreign_tasks() -> None:
+    from prometheus_client import REGISTRY
+
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_A, "a2")  # no room: waits in the pool's lane
+    await h.run_for(20, step=2)
+    age = REGISTRY.get_sample_value(
+        "agentq_oldest_pending_age_seconds", {"namespace": NS, "capabilities": "llm"}
+    )
+    assert age is not None and age >= 15
