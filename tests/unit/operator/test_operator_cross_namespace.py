@@ -482,3 +482,29 @@ async def test_the_oldest_pending_gauge_counts_foreign_tasks() -> None:
         "agentq_oldest_pending_age_seconds", {"namespace": NS, "capabilities": "llm"}
     )
     assert age is not None and age >= 15
+
+
+class OldLanesLast(set):  # type: ignore[type-arg]
+    """A set of lanes that yields the pool's last: the order a hash may give."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(sorted(super().__iter__(), key=lambda lane: lane[0] == NS))
+
+
+@run
+async def test_a_queue_whose_worker_namespace_changes_keeps_its_pending_count() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_A, "a2")  # no room: waits in the pool's lane of qa
+    await h.settle()
+    queue_index = h.controller.indexes.queue
+    queue_index.touched = OldLanesLast(queue_index.touched)
+    # The queue's workers move to another namespace: a2 moves to that lane. The old
+    # lane's count (0), applied after the new one's, must not stall the queue (the
+    # invariants compare the tree's count with its lane's after every step).
+    h.namespace("pool2")
+    h.queue(queue("qa").selects(team="a").workers_in("pool2"))
+    await h.settle()
+    tree = h.controller.cores.queues.tree
+    assert tree.queue_state("qa").pending == 1
