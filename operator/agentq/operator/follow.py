@@ -230,7 +230,11 @@ class Follower:
                 continue
             for lease_key in sorted(lease_keys):
                 lease = self.store.leases.get(lease_key)
-                if lease is not None and not lease.deleting:
+                if (
+                    lease is not None
+                    and not lease.deleting
+                    and lease.unjudged != lease.view.resource_version
+                ):
                     # Never judged from the store alone: the Lease watch may run ahead of
                     # the task watch. One read of the task says.
                     self.check_orphan(task_key, lease.view)

@@ -103,7 +103,12 @@ class ClaimLeases:
             uid = (reply.body.get("metadata") or {}).get("uid")
             orphan = bool(lease.task_uid) and uid != lease.task_uid
         else:
-            return  # not ours to judge (forbidden: a namespace we do not watch)
+            record = self.store.leases.get(lease.key)
+            if record is not None and reply.status is Status.FORBIDDEN:
+                # Not ours to judge (a namespace we may not read): not asked again at
+                # every resync, only once the Lease changes.
+                record.unjudged = lease.resource_version
+            return
         if orphan and task not in self.store.tasks:
             log.info("deleting Lease %s/%s: its task %s/%s is gone", *lease.key, *task)
             await self.delete(task, lease)

@@ -130,6 +130,9 @@ class LeaseRecord:
     refused_report: str | None = None  # the report on it that was refused already
     deleting: bool = False  # our delete of it is on its way
     revoked_at: float | None = None  # when it was first seen revoked (our clock)
+    # The resourceVersion at which a read of the task it names was refused (403: a
+    # namespace we may not read): not read again at every resync until it changes.
+    unjudged: str | None = None
 
     @property
     def key(self) -> Key:

@@ -508,3 +508,27 @@ async def test_a_queue_whose_worker_namespace_changes_keeps_its_pending_count() 
     await h.settle()
     tree = h.controller.cores.queues.tree
     assert tree.queue_state("qa").pending == 1
+
+
+@run
+async def test_a_lease_naming_a_namespace_we_may_not_read_is_asked_about_once() -> None:
+    h = Harness()
+    await fleet(h)
+    name = protocol.cross_task_lease_name("secret", "t1")
+    forge(h, TEAM_B, name, **{protocol.ANNOTATION_TASK_UID: "u"})
+    await h.settle()
+    secret = lambda args: args[0] == "secret"  # noqa: E731
+    h.kube.inject("get_task", Status.FORBIDDEN, times=100, when=secret)
+    reads = h.kube.calls["get_task"]
+    for _ in range(3):  # resyncs
+        h.controller.follower.rebuild(urgent=False)
+        await h.settle()
+    assert h.kube.calls["get_task"] == reads + 1
+    # The Lease changes: judged again, once.
+    h.kube.edit("leases", TEAM_B, name, lambda b: b["spec"].__setitem__("holderIdentity", "x"))
+    await h.settle()
+    for _ in range(2):
+        h.controller.follower.rebuild(urgent=False)
+        await h.settle()
+    assert h.kube.calls["get_task"] == reads + 2
+    assert h.kube.get("leases", TEAM_B, name) is not None
