@@ -163,7 +163,7 @@ class Follower:
         if task is None:
             if new is not None and (
                 self.cleanup.holds(subject, new.task_uid)
-                or (new.task_namespace is not None and self.store.task_tombstones.holds(subject))
+                or (new.task_namespace is not None and self._task_gone(subject, new))
             ):
                 # The Lease of a finished task; or a claim across namespaces whose task
                 # went (no owner reference: nobody else deletes it).
@@ -179,6 +179,16 @@ class Follower:
         self.cores.budgets.lease_seen(task, new)  # usage and throttles its agent reported
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
+
+    def _task_gone(self, subject: Key, lease: LeaseView) -> bool:
+        """Whether the task a Lease across namespaces names is gone (deleted), or is
+        another object than the one whose UID the Lease carries. A task that finished
+        and settled is tombstoned too, and is still there: a Lease of its name with no
+        UID of another task is not ours to delete (anyone may name one after it)."""
+        if not self.store.task_tombstones.holds(subject):
+            return False
+        entry = self.cleanup.entries.get(subject)
+        return entry is None or (lease.task_uid is not None and entry.uid != lease.task_uid)
 
     def refresh_queues(self) -> None:
         """The queue level's count of each leaf's tasks that may be granted now, for the

@@ -532,3 +532,24 @@ async def test_a_lease_naming_a_namespace_we_may_not_read_is_asked_about_once() 
         await h.settle()
     assert h.kube.calls["get_task"] == reads + 2
     assert h.kube.get("leases", TEAM_B, name) is not None
+
+
+@run
+async def test_a_forged_lease_of_a_finished_task_is_left_until_the_task_goes() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert (TEAM_A, "a1") not in h.controller.store.tasks  # settled: no record kept
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)  # names a task that is there (finished): not ours to delete
+    await h.settle()
+    assert h.kube.get("leases", TEAM_B, name) is not None
+    h.kube.remove("agenttasks", TEAM_A, "a1")  # the task is gone: so is every agentq
+    await h.settle()  # Lease named after it
+    assert h.kube.get("leases", TEAM_B, name) is None
