@@ -160,6 +160,9 @@ class Seen:
     deadline_at: float | None = None
     # When the claim's Lease was first seen revoked, on our clock.
     revoked_at: float | None = None
+    # Why the grant's Lease could not be written for a whole lease duration (its
+    # namespace gone or terminating, or refusing the operator): None if it could.
+    lease_unwritable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +378,9 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
             # Cancelled, or past its deadline, before its Lease was written: no agent has
             # seen this attempt, nothing to revoke.
             return Decision(transition=_stopped(task, stop, seen), refusal=refusal)
+        if seen.lease_unwritable is not None:
+            # No Lease, so nothing to expire: the attempt ends as an expired claim would.
+            return Decision(transition=_unwritable(task, seen, policy), refusal=refusal)
         # A grant whose Lease write did not happen (the operator died between its two
         # writes), or the previous attempt's Lease not yet deleted: write this grant's.
         return Decision(lease=LeaseOp.WRITE_GRANT, refusal=refusal)
@@ -582,6 +588,23 @@ def _current_claim(
         transition=lifecycle.merge(steps),
         refusal=refusal,
         wake_at=min(wakes) if wakes else None,
+    )
+
+
+def _unwritable(task: TaskView, seen: Seen, policy: Policy) -> Transition:
+    """The grant's Lease could not be written for a lease duration: the attempt failed
+    (counted), with an event of its own saying why."""
+    message = (
+        f"the Lease of the claim of {task.status.worker} could not be written for "
+        f"{task.spec.lease_duration_seconds}s: {seen.lease_unwritable}"
+    )
+    failed = _fail(task, seen, policy, reason="LeaseUnwritable", message=message)
+    return Transition(
+        patch=failed.patch,
+        reason=failed.reason,
+        message=failed.message,
+        warning=failed.warning,
+        extra_events=(("LeaseUnwritable", message, True), *failed.extra_events),
     )
 
 

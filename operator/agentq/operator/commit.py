@@ -54,6 +54,7 @@ OPERATOR_REASONS = frozenset(
         "LeaseExpired",
         "LeaseReleased",
         "LeaseTampered",
+        "LeaseUnwritable",
         "ProgressDeadlineExceeded",
         "InvalidReport",
         "StatusRefused",
@@ -267,7 +268,10 @@ class Committer:
                 record.grace = Grace(task.status.fencing_token or 0, decision.grace_deadline)
                 self.agenda.at(decision.grace_deadline, (TIMER_TASK, key))
         if decision.suspect is not None:
-            self.readiness.expired_claim((task.namespace, decision.suspect), now)
+            # The holder is a worker of the claim's namespace (the task's own, or -- a
+            # claim across namespaces -- status.workerNamespace).
+            holder_ns = task.status.worker_namespace or task.namespace
+            self.readiness.expired_claim((holder_ns, decision.suspect), now)
         if decision.completion is not None:
             metrics.COMPLETIONS.labels(decision.completion).inc()
         if decision.unprocessable is not None:

@@ -150,6 +150,11 @@ class Decider:
             and lease.refused_report == lease.view.report
         )
         wall = self.clock.now()
+        unwritable = record.lease_unwritable
+        if unwritable is not None and (
+            unwritable[0] != token or now < unwritable[1] + task.spec.lease_duration_seconds
+        ):
+            unwritable = None
         return claims.Seen(
             now=now,
             wall=wall,
@@ -163,6 +168,7 @@ class Decider:
             deadline_at=deadline_end(record, now=now, wall=wall),
             revoked_at=lease.revoked_at if lease is not None else None,
             token_ceiling=self.token_ceiling(),
+            lease_unwritable=unwritable[2] if unwritable is not None else None,
         )
 
     # -- deadlines ----------------------------------------------------------------------

@@ -120,9 +120,11 @@ class Follower:
             if view is not None:
                 self.tokens.observe(view.status.fencing_token)
             elif xleases and key in xleases and key not in self.store.tasks:
-                lease = self.store.leases.get(xleases[key])
-                if lease is not None:
-                    self.delete_lease(key, lease.view)
+                # Every agentq Lease named after the task: it is gone, none is a claim.
+                for lease_key in sorted(xleases[key]):
+                    lease = self.store.leases.get(lease_key)
+                    if lease is not None:
+                        self.delete_lease(key, lease.view)
 
     def _apply_task(self, key: Key, view_changed: bool, finished: TaskView | None) -> None:
         """``finished``: the task's last view if it finished and left the store."""
@@ -161,15 +163,32 @@ class Follower:
         if task is None:
             if new is not None and (
                 self.cleanup.holds(subject, new.task_uid)
-                or (new.task_namespace is not None and self.store.task_tombstones.holds(subject))
+                or (new.task_namespace is not None and self._task_gone(subject, new))
             ):
                 # The Lease of a finished task; or a claim across namespaces whose task
                 # went (no owner reference: nobody else deletes it).
                 self.delete_lease(subject, new)
             return
+        if lease.task_namespace is not None and new is not None:
+            claim = self.store.lease_of(task)
+            if claim is None or claim.view.key != new.key:
+                # Named after the task, but not where its claim is: someone else's Lease
+                # (anyone with Lease rights in a namespace may create one of that name).
+                # Nothing of the task follows from it.
+                return
         self.cores.budgets.lease_seen(task, new)  # usage and throttles its agent reported
         if not self.decider.renewal_only(task, old, new):
             self.agenda.dirty.add(subject)
+
+    def _task_gone(self, subject: Key, lease: LeaseView) -> bool:
+        """Whether the task a Lease across namespaces names is gone (deleted), or is
+        another object than the one whose UID the Lease carries. A task that finished
+        and settled is tombstoned too, and is still there: a Lease of its name with no
+        UID of another task is not ours to delete (anyone may name one after it)."""
+        if not self.store.task_tombstones.holds(subject):
+            return False
+        entry = self.cleanup.entries.get(subject)
+        return entry is None or (lease.task_uid is not None and entry.uid != lease.task_uid)
 
     def refresh_queues(self) -> None:
         """The queue level's count of each leaf's tasks that may be granted now, for the
@@ -215,9 +234,17 @@ class Follower:
             self.readiness.evaluate(key)  # with its staleness timer
             self.publisher.mark(key, urgent=urgent)
         self.agenda.dirty.update(self.store.tasks)
-        for task_key, lease_key in list(self.store.xleases.items()):
-            lease = self.store.leases.get(lease_key)
-            if task_key not in self.store.tasks and lease is not None and not lease.deleting:
-                # Never judged from the store alone: the Lease watch may run ahead of the
-                # task watch. One read of the task says.
-                self.check_orphan(task_key, lease.view)
+        self.store.rebuild_xleases()
+        for task_key, lease_keys in list(self.store.xleases.items()):
+            if task_key in self.store.tasks:
+                continue
+            for lease_key in sorted(lease_keys):
+                lease = self.store.leases.get(lease_key)
+                if (
+                    lease is not None
+                    and not lease.deleting
+                    and lease.unjudged != lease.view.resource_version
+                ):
+                    # Never judged from the store alone: the Lease watch may run ahead of
+                    # the task watch. One read of the task says.
+                    self.check_orphan(task_key, lease.view)

@@ -247,11 +247,10 @@ def _coverage(store: Store, indexes: Indexes) -> list[Violation]:
 
 def _xleases(store: Store) -> list[Violation]:
     """The index of claim Leases in other namespaces is the Lease records'."""
-    want = {
-        lease.view.task: key
-        for key, lease in store.leases.items()
-        if lease.view.task_namespace is not None and lease.view.kind == protocol.LEASE_KIND_TASK
-    }
+    want: dict[Key, set[Key]] = {}
+    for key, lease in store.leases.items():
+        if lease.view.task_namespace is not None and lease.view.kind == protocol.LEASE_KIND_TASK:
+            want.setdefault(lease.view.task, set()).add(key)
     if want != store.xleases:
         return [Violation("leases", "-", f"xleases {store.xleases}, the Leases say {want}")]
     return []

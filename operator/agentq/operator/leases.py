@@ -103,7 +103,12 @@ class ClaimLeases:
             uid = (reply.body.get("metadata") or {}).get("uid")
             orphan = bool(lease.task_uid) and uid != lease.task_uid
         else:
-            return  # not ours to judge (forbidden: a namespace we do not watch)
+            record = self.store.leases.get(lease.key)
+            if record is not None and reply.status is Status.FORBIDDEN:
+                # Not ours to judge (a namespace we may not read): not asked again at
+                # every resync, only once the Lease changes.
+                record.unjudged = lease.resource_version
+            return
         if orphan and task not in self.store.tasks:
             log.info("deleting Lease %s/%s: its task %s/%s is gone", *lease.key, *task)
             await self.delete(task, lease)
@@ -249,6 +254,11 @@ class ClaimLeases:
                     continue
             if reply.ok and reply.body is not None:
                 self.observe(reply.body)
+                record = self.store.tasks.get(task.key)
+                if record is not None:
+                    record.lease_unwritable = None
+            elif namespace != task.namespace and reply.status in (Status.GONE, Status.FORBIDDEN):
+                self._unwritable(task, namespace, reply.status, reply.message)
             elif reply.status is Status.FORBIDDEN:
                 self.stats.refused += 1
                 log.error("grant Lease of %s/%s forbidden: %s", *task.key, reply.message)
@@ -260,6 +270,32 @@ class ClaimLeases:
                 self.retries.left_alone(task.key)
             return
         self.retries.later(task.key)  # the Lease kept changing under us: decide again
+
+    def _unwritable(self, task: TaskView, namespace: str, status: Status, message: str) -> None:
+        """The grant's Lease cannot be written in the worker's namespace: it is gone (a
+        create's 404), terminating or refuses us (403). Tried again now and then; once
+        that lasted the claim's lease duration from the first refusal, the decision
+        fails the attempt as an expired claim (``claims.Seen.lease_unwritable``): with no
+        Lease there is nothing else to expire, and the task would wait forever."""
+        record = self.store.tasks.get(task.key)
+        if record is None:
+            return
+        token = task.status.fencing_token or 0
+        now = self.clock.monotonic()
+        why = (
+            f"namespace {namespace} is not found"
+            if status is Status.GONE
+            else f"refused in namespace {namespace}: {message}"
+        )
+        since = now
+        if record.lease_unwritable is not None and record.lease_unwritable[0] == token:
+            since = record.lease_unwritable[1]
+        else:
+            self.stats.refused += 1
+            log.error("grant Lease of %s/%s cannot be written: %s", *task.key, why)
+        record.lease_unwritable = (token, since, why)
+        due = since + task.spec.lease_duration_seconds
+        self.retries.later(task.key, max(0.0, min(REFUSED_SECONDS, due - now)))
 
 
 def gone(lease: LeaseView) -> Body:

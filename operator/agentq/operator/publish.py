@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from agentq import claims
+from agentq import claims, protocol
 from agentq.claims import Readiness
 from agentq.clock import Clock, rfc3339
 from agentq.models import WORKER_PLURAL
@@ -297,7 +297,7 @@ class Publisher:
                         unschedulable += len(entry.members)
                     head = queue.head(lane, where)
                     if head is not None:
-                        record = self.store.tasks.get((namespace, head[2]))
+                        record = self.store.tasks.get(protocol.claim_task(namespace, head[2]))
                         if record is not None and record.pending_since is not None:
                             age = now - record.pending_since
                             if age > oldest.get((namespace, label), -1.0):

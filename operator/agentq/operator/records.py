@@ -87,6 +87,11 @@ class TaskRecord:
     # The namespace of the worker of the grant in flight or in doubt, when it is not the
     # task's (a claim across namespaces); None: the task's own.
     claim_ns: str | None = None
+    # The grant's Lease in another namespace could not be written (that namespace is
+    # gone or terminating, or refuses us): (the fencing token, since when on our clock,
+    # why). Once that lasted the claim's lease duration, the attempt is failed as an
+    # expired one would be (``claims.Seen.lease_unwritable``).
+    lease_unwritable: tuple[int, float, str] | None = None
 
     @property
     def key(self) -> Key:
@@ -125,6 +130,9 @@ class LeaseRecord:
     refused_report: str | None = None  # the report on it that was refused already
     deleting: bool = False  # our delete of it is on its way
     revoked_at: float | None = None  # when it was first seen revoked (our clock)
+    # The resourceVersion at which a read of the task it names was refused (403: a
+    # namespace we may not read): not read again at every resync until it changes.
+    unjudged: str | None = None
 
     @property
     def key(self) -> Key:

@@ -89,10 +89,13 @@ class Store:
         self.tasks: dict[Key, TaskRecord] = {}
         self.workers: dict[Key, WorkerRecord] = {}
         self.leases: dict[Key, LeaseRecord] = {}
-        # task -> the key of its claim Lease in another namespace (``agentq-xtask-``):
-        # derived from the Lease records (their names), so a Lease is found after a
-        # reclaim cleared the task's status.workerNamespace.
-        self.xleases: dict[Key, Key] = {}
+        # task -> the keys of every ``agentq-xtask-`` Lease named after it, in any
+        # namespace: derived from the Lease records (their names), so an earlier claim's
+        # Lease is found after a reclaim cleared the task's status.workerNamespace, and a
+        # task's Leases are deleted with it. Only one of them can be its claim's (the one
+        # in status.workerNamespace): anyone with Lease rights in another namespace may
+        # create one of that name (``lease_of``).
+        self.xleases: dict[Key, set[Key]] = {}
         self.queues: dict[str, QueueView] = {}  # cluster-scoped: by name
         self.budgets: dict[str, BudgetView] = {}  # cluster-scoped: by name
         self.namespaces: dict[str, tuple[str, dict[str, str]]] = {}  # (resourceVersion, labels)
@@ -114,14 +117,50 @@ class Store:
 
     def lease_of(self, task: TaskView) -> LeaseRecord | None:
         """The claim Lease of ``task`` (by name: it may belong to an earlier task): in its
-        own namespace, or (a claim across namespaces) in its worker's."""
-        worker_namespace = task.status.worker_namespace
-        if worker_namespace is None or worker_namespace == task.namespace:
-            lease = self.leases.get(task_lease_key(task))
-            if lease is not None or not self.xleases:
+        own namespace, or (a claim across namespaces) exactly the one its status names,
+        ``agentq-xtask-<namespace>.<task>`` in ``status.workerNamespace`` -- a Lease of
+        that name anywhere else is someone else's. A task that holds no claim (a reclaim
+        cleared its worker) may still have an earlier claim's Lease across namespaces to
+        delete: one of its name that carries its UID (``leftover_of``)."""
+        status = task.status
+        worker_namespace = status.worker_namespace
+        if worker_namespace is not None and worker_namespace != task.namespace:
+            return self.leases.get(
+                (worker_namespace, protocol.cross_task_lease_name(task.namespace, task.name))
+            )
+        lease = self.leases.get(task_lease_key(task))
+        if lease is not None or status.worker is not None or not self.xleases:
+            return lease  # (a claim in its own namespace: never another namespace's Lease)
+        return self.leftover_of(task)
+
+    def leftover_of(self, task: TaskView) -> LeaseRecord | None:
+        """An earlier cross-namespace claim's Lease of ``task``, which holds none now: one
+        named after it that carries its UID (the operator writes it on every grant)."""
+        keys = self.xleases.get(task.key)
+        if not keys:
+            return None
+        for key in sorted(keys):
+            lease = self.leases.get(key)
+            if lease is not None and lease.view.task_uid == task.uid:
                 return lease
-        xkey = self.xleases.get(task.key)
-        return None if xkey is None else self.leases.get(xkey)
+        return None
+
+    def rebuild_xleases(self) -> None:
+        """The index of ``agentq-xtask-`` Leases, from the Lease records."""
+        self.xleases = {}
+        for key, lease in self.leases.items():
+            self._index_xlease(key, lease.view)
+
+    def _index_xlease(self, key: Key, view: LeaseView) -> None:
+        if view.task_namespace is not None and view.kind == protocol.LEASE_KIND_TASK:
+            self.xleases.setdefault(view.task, set()).add(key)
+
+    def _unindex_xlease(self, key: Key, view: LeaseView) -> None:
+        keys = self.xleases.get(view.task)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.xleases[view.task]
 
     def _settle(self, key: Key) -> None:
         """A finished task kept only for its Lease (to delete it): that Lease is gone, so
@@ -303,9 +342,8 @@ class Store:
             if record is not None:
                 del self.leases[key]
                 self.changed.lease(key, record.view, None)
-                xtask = record.view.task
-                if record.view.task_namespace is not None and self.xleases.get(xtask) == key:
-                    del self.xleases[xtask]
+                if record.view.task_namespace is not None:
+                    self._unindex_xlease(key, record.view)
                 # The record's kind and subject: the body of a deletion may carry no
                 # labels (our own delete's, ``leases.gone``), and a finished task kept
                 # for this Lease must still be let go (its TTL then runs).
@@ -332,8 +370,7 @@ class Store:
                 Observation.first(renewal, now, age=age),
                 revoked_at=now if view.revoked is not None else None,
             )
-            if view.task_namespace is not None and view.kind == protocol.LEASE_KIND_TASK:
-                self.xleases[view.task] = key
+            self._index_xlease(key, view)
             self.changed.lease(key, None, view)
             return True
         old = record.view

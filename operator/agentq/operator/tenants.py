@@ -237,10 +237,13 @@ class QueueLevel:
             self.tree.set_pending(name, queue.queued_count(self.lane_of(name)))
 
     def refresh(self, queue: PendingQueue) -> None:
-        """Each leaf's count of tasks that may be granted now, from the lanes touched."""
-        for lane in queue.touched:
-            if lane[1] in self._specs:
-                self.tree.set_pending(lane[1], queue.queued_count(lane))
+        """Each leaf's count of tasks that may be granted now, for the lanes touched: from
+        the leaf's lane of now -- a lane of its earlier workerNamespace (its tasks moved
+        out) is touched too, and its count must not be the last word, whatever the
+        order."""
+        leaves = {lane[1] for lane in queue.touched if lane[1] in self._specs}
+        for leaf in leaves:
+            self.tree.set_pending(leaf, queue.queued_count(self.lane_of(leaf)))
         queue.touched.clear()
 
     def share_namespaces(self, queue: PendingQueue, shared: set[str]) -> None:

@@ -149,8 +149,18 @@ def explain(
     ns = str(body["metadata"].get("namespace") or cluster.namespace)
     workers = cluster.workers(ns)
     events = cluster.events_of(body)
-    phase = (body.get("status") or {}).get("phase")
-    lease = cluster.task_lease(body) if phase in ("Assigned", "Running", "Held") else None
+    status = body.get("status")
+    status = status if isinstance(status, dict) else {}
+    phase = status.get("phase")
+    claimed = phase in ("Assigned", "Running", "Held")
+    lease = cluster.task_lease(body) if claimed else None
+    holders_known = True
+    worker_ns = status.get("workerNamespace")
+    if claimed and isinstance(worker_ns, str) and worker_ns and worker_ns != ns:
+        # A claim across namespaces: its holder is a worker of the pool's namespace.
+        pool = cluster.workers_if_readable(worker_ns)
+        holders_known = pool is not None
+        workers = pool or []
     ahead, place, queues = None, None, None
     budgets: list[Body] | None = None
     named_queue = bool((body.get("spec") or {}).get("queue"))
@@ -177,6 +187,7 @@ def explain(
             queue_place=place,
             queues=queues,
             budgets=budgets,
+            holders_known=holders_known,
         )
     except ModelError as err:
         raise OpsError(f"agenttask {task!r} cannot be read: {err}") from err

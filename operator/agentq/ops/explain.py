@@ -686,9 +686,13 @@ def _phase_findings(
     queue_place: QueuePlace | None = None,
     queues: Mapping[str, AgentQueue] | None = None,
     budgets: Mapping[str, Body] | None = None,
+    holders_known: bool = True,
 ) -> list[Finding]:
     status, spec = task.status, task.spec
     ns = task.namespace or "default"
+    # The holder is a worker of the claim's namespace: the task's own, or -- a claim
+    # across namespaces -- status.workerNamespace (``workers`` are that namespace's).
+    holder_ns = status.worker_namespace or ns
     name = task.name
     requeue_hint = f"fix the cause, then `agentq requeue {name} -n {ns}`"
     phase = status.phase
@@ -745,7 +749,7 @@ def _phase_findings(
                 "applies",
             )
         ]
-        return found + _holder_health(worker, workers, ns)
+        return found + (_holder_health(worker, workers, holder_ns) if holders_known else [])
     if phase is TaskPhase.RUNNING:
         progress = f'; last progress "{status.progress}"' if status.progress else ""
         deadline = (
@@ -770,7 +774,7 @@ def _phase_findings(
                     f"{_stamp(status.grace_until)}, then the task is redispatched",
                 )
             )
-        return found + _holder_health(worker, workers, ns)
+        return found + (_holder_health(worker, workers, holder_ns) if holders_known else [])
     if phase is TaskPhase.HELD:
         return [
             Finding(
@@ -911,13 +915,16 @@ def explain(
     queue_place: QueuePlace | None = None,
     queues: Iterable[Body] | None = None,
     budgets: Iterable[Body] | None = None,
+    holders_known: bool = True,
 ) -> Explanation:
     """Why ``task`` is where it is. Raises ``ModelError`` if it is not an AgentTask.
 
     For a task with ``spec.queue``: ``queue_place`` is its place in the queue
     (``queue_place()`` over a listing), ``queues`` the AgentQueues (None: they could
     not be read). For a task with ``spec.budgets``: ``budgets`` the AgentBudgets, whose
-    status a wait for room shows."""
+    status a wait for room shows. A task holding a claim across namespaces
+    (``status.workerNamespace``): ``workers`` are that namespace's (``holders_known``
+    False: they could not be read, nothing is said of the holder's health)."""
     parsed = parse_task(task)
     lines = event_lines(events)
     views = parse_workers(workers)
@@ -936,6 +943,7 @@ def explain(
         queue_place=queue_place,
         queues=parse_queues(queues) if queues is not None else None,
         budgets={_budget_name(b): b for b in budgets or ()},
+        holders_known=holders_known,
     )
     refused = _refusals(parsed, lines)
     if refused is not None:

@@ -296,15 +296,33 @@ class Cluster:
         return events
 
     def task_lease(self, task: Mapping[str, Any]) -> Body | None:
-        """The claim's Lease ``agentq-task-<task>``, or None."""
+        """The claim's Lease ``agentq-task-<task>``, or -- a claim across namespaces
+        (``status.workerNamespace``) -- ``agentq-xtask-<namespace>.<task>`` in the
+        worker's namespace (None there too when we may not read it); None if not there."""
         meta = task.get("metadata") or {}
+        ns = self._ns(meta.get("namespace"))
+        worker_ns = _worker_namespace(task)
+        if worker_ns is not None and worker_ns != ns:
+            return self._try(
+                "GET",
+                kube.lease_path(
+                    worker_ns, protocol.cross_task_lease_name(ns, str(meta.get("name")))
+                ),
+                what="lease",
+                tolerate=(403, 404),
+            )
         name = protocol.task_lease_name(str(meta.get("name")))
-        return self._try(
-            "GET",
-            kube.lease_path(self._ns(meta.get("namespace")), name),
-            what="lease",
-            tolerate=(404,),
+        return self._try("GET", kube.lease_path(ns, name), what="lease", tolerate=(404,))
+
+    def workers_if_readable(self, namespace: str) -> list[Body] | None:
+        """The AgentWorkers of ``namespace``; None when listing them is forbidden (403)."""
+        _, listed = self._answer(
+            "GET", kube.object_path(GROUP, VERSION, namespace, WORKER_PLURAL), tolerate=(403,)
         )
+        if listed is None:
+            return None
+        items: list[Body] = listed.get("items") or []
+        return items
 
     # -- writes --------------------------------------------------------------------------
 
@@ -346,3 +364,10 @@ class Cluster:
             tolerate=(409,),
             content_type=MERGE,
         )
+
+
+def _worker_namespace(task: Mapping[str, Any]) -> str | None:
+    """A task's ``status.workerNamespace``, if it names one."""
+    status = task.get("status")
+    value = status.get("workerNamespace") if isinstance(status, Mapping) else None
+    return value if isinstance(value, str) and value else None

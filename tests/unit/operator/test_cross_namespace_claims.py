@@ -11,7 +11,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.clock import micro_rfc3339
-from agentq.operator.port import KubeError
+from agentq.operator.port import KubeError, Status
 from builders import queue, task
 from harness import NS, Harness, run
 
@@ -280,3 +280,276 @@ async def test_a_foreign_grant_of_unknown_outcome_holds_its_slot_in_the_pools_co
     assert h.controller.stats.unknown == 2
     assert status(h, TEAM_B, "b1")["phase"] == "Assigned"
     assert h.controller.cores.of(NS).holds() == {"team-a~a1": "w1", "team-b~b1": "w1"}
+
+
+def forge(h: Harness, namespace: str, name: str, **annotations: str) -> None:
+    """A Lease named like a claim's, created by someone else in ``namespace``."""
+    h.kube.put(
+        "leases",
+        {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {protocol.LABEL_LEASE_KIND: protocol.LEASE_KIND_TASK},
+                "annotations": annotations,
+            },
+            "spec": {"holderIdentity": "mallory"},
+        },
+    )
+
+
+@run
+async def test_a_forged_lease_in_another_namespace_is_not_the_claims() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    first = status(h, TEAM_A, "a1")
+    assert first["phase"] == "Assigned"
+    # A user of team-b names a Lease of its own namespace after team-a's claim.
+    forged = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, forged)
+    await h.settle()
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    st = status(h, TEAM_A, "a1")
+    # The attempt goes on: not failed as LeaseTampered, no second grant.
+    assert (st["phase"], st["fencingToken"]) == ("Running", first["fencingToken"])
+    assert not st.get("reclaims")
+    assert xlease(h, TEAM_A, "a1") is not None
+    assert h.kube.get("leases", TEAM_B, forged) is not None  # not ours to delete
+    # The real Lease is still the claim's: a report on it ends the task, and it is deleted.
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert xlease(h, TEAM_A, "a1") is None
+
+
+@run
+async def test_a_forged_cross_lease_is_never_a_same_namespace_claims() -> None:
+    h = Harness()
+    await fleet(h)
+    h.queue(queue("qp").selects().workers_in(NS))
+    h.task(task("p1").requires("llm").queue("qp"))
+    await h.settle()
+    assert h.phase("p1") == "Assigned"
+    token = h.status("p1")["fencingToken"]
+    # Its own Lease goes (someone deleted it), and a Lease named as if p1 were a task
+    # of another namespace's claim appears in team-b.
+    h.kube.hold_events()
+    h.kube.remove("leases", NS, protocol.task_lease_name("p1"))
+    forge(h, TEAM_B, protocol.cross_task_lease_name(NS, "p1"))
+    h.kube.deliver()
+    await h.settle()
+    # The grant's Lease is written again (as for any missing Lease), nothing failed.
+    assert h.phase("p1") == "Assigned"
+    assert h.status("p1")["fencingToken"] == token
+    assert not h.status("p1").get("reclaims")
+    assert h.lease("p1") is not None
+    assert h.kube.get("leases", TEAM_B, protocol.cross_task_lease_name(NS, "p1")) is not None
+
+
+@run
+async def test_the_index_of_cross_leases_keeps_every_lease_of_a_task() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)
+    await h.settle()
+    assert h.controller.store.xleases == {(TEAM_A, "a1"): {(NS, name), (TEAM_B, name)}}
+    h.kube.remove("leases", TEAM_B, name)  # the forger's goes: the real one still indexed
+    await h.settle()
+    assert h.controller.store.xleases == {(TEAM_A, "a1"): {(NS, name)}}
+    # Deleting the task deletes its claim's Lease.
+    h.kube.remove("agenttasks", TEAM_A, "a1")
+    await h.settle()
+    assert xlease(h, TEAM_A, "a1") is None
+    assert h.controller.store.xleases == {}
+
+
+@run
+async def test_an_earlier_claims_lease_is_deleted_after_the_reclaim_but_no_forgery() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)  # no UID of the task: never taken for its Lease
+    # The reclaim's delete of the expired claim's Lease finds it changed (409): the task,
+    # Pending now with no workerNamespace, still finds it by its name and UID.
+    h.kube.inject("delete_lease", Status.CONFLICT, when=lambda args: args[0] == NS)
+    h.kube.hold_events()
+    h.kube.remove("agentworkers", NS, "w1")  # no worker to grant it again to
+    h.clock.advance(11)
+    h.kube.deliver()
+    await h.settle()
+    await h.advance(5)
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st.get("workerNamespace")) == ("Pending", None)
+    assert st["reclaims"] == 1
+    assert h.kube.calls["delete_lease"] == 2  # refused once, then deleted
+    assert xlease(h, TEAM_A, "a1") is None
+    assert h.kube.get("leases", TEAM_B, name) is not None
+
+
+def in_pool(args: tuple[Any, ...]) -> bool:
+    return bool(args[0] == NS)
+
+
+@run
+async def test_a_claim_whose_pool_namespace_is_terminating_is_reclaimed() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"
+    # The pool namespace is deleted: its contents go, and nothing new may be created in
+    # it (403 "being terminated") -- the grant's Lease cannot be written again.
+    h.kube.inject("create_lease", Status.FORBIDDEN, times=10_000, when=in_pool)
+    h.kube.remove("agentworkers", NS, "w1")
+    h.kube.remove("leases", NS, protocol.worker_lease_name("w1"))
+    h.kube.remove("leases", NS, protocol.cross_task_lease_name(TEAM_A, "a1"))
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"  # the write is tried again
+    await h.run_for(12, step=1)
+    st = status(h, TEAM_A, "a1")
+    # As an expired claim: the attempt failed and counted, the task queued again.
+    assert (st["phase"], st["reclaims"]) == ("Pending", 1)
+    assert st["error"]["reason"] == "LeaseUnwritable"
+    assert "LeaseUnwritable" in h.kube.reasons("a1")
+    calls = h.kube.calls["create_lease"]
+    await h.run_for(120, step=10)
+    assert h.kube.calls["create_lease"] == calls  # no retry loop once reclaimed
+
+
+@run
+async def test_a_claim_whose_pool_namespace_is_gone_is_reclaimed_and_granted_again() -> None:
+    h = Harness()
+    await fleet(h, slots=1, workers=2)
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    first = status(h, TEAM_A, "a1")
+    # The Lease goes and its re-create answers 404: the namespace is not found.
+    h.kube.inject("create_lease", Status.GONE, times=100, when=in_pool)
+    h.kube.remove("leases", NS, protocol.cross_task_lease_name(TEAM_A, "a1"))
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"
+    await h.run_for(12, step=1)
+    st = status(h, TEAM_A, "a1")
+    assert st["reclaims"] == 1
+    assert st["history"][-1]["reason"] == "LeaseUnwritable"
+    assert st["fencingToken"] > first["fencingToken"]
+
+
+@run
+async def test_an_expired_foreign_claim_makes_the_pool_worker_suspect() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    # A worker of the team's own namespace with the pool worker's name.
+    h.kube.put(
+        "agentworkers",
+        {
+            "metadata": {"name": "w1", "namespace": TEAM_A},
+            "spec": {"capabilities": ["llm"], "maxInFlight": 1, "weight": 1.0},
+        },
+    )
+    submit(h, TEAM_A, "a1", leaseDurationSeconds=10)
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["worker"] == "w1"
+    h.clock.advance(11)  # the claim expires: its holder, the pool's w1, is suspect
+    await h.settle()
+    workers = h.controller.store.workers
+    assert workers[(NS, "w1")].suspect_since is not None
+    assert workers[(TEAM_A, "w1")].suspect_since is None
+    st = status(h, TEAM_A, "a1")
+    assert (st["phase"], st["reclaims"]) == ("Pending", 1)  # not granted to it again yet
+    h.kube.remove("agentworkers", TEAM_A, "w1")  # (its metric series go with it)
+    await h.settle()
+
+
+@run
+async def test_the_oldest_pending_gauge_counts_foreign_tasks() -> None:
+    from prometheus_client import REGISTRY
+
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_A, "a2")  # no room: waits in the pool's lane
+    await h.run_for(20, step=2)
+    age = REGISTRY.get_sample_value(
+        "agentq_oldest_pending_age_seconds", {"namespace": NS, "capabilities": "llm"}
+    )
+    assert age is not None and age >= 15
+
+
+class OldLanesLast(set):  # type: ignore[type-arg]
+    """A set of lanes that yields the pool's last: the order a hash may give."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(sorted(super().__iter__(), key=lambda lane: lane[0] == NS))
+
+
+@run
+async def test_a_queue_whose_worker_namespace_changes_keeps_its_pending_count() -> None:
+    h = Harness()
+    await fleet(h, slots=1)
+    submit(h, TEAM_A, "a1")
+    submit(h, TEAM_A, "a2")  # no room: waits in the pool's lane of qa
+    await h.settle()
+    queue_index = h.controller.indexes.queue
+    queue_index.touched = OldLanesLast(queue_index.touched)
+    # The queue's workers move to another namespace: a2 moves to that lane. The old
+    # lane's count (0), applied after the new one's, must not stall the queue (the
+    # invariants compare the tree's count with its lane's after every step).
+    h.namespace("pool2")
+    h.queue(queue("qa").selects(team="a").workers_in("pool2"))
+    await h.settle()
+    tree = h.controller.cores.queues.tree
+    assert tree.queue_state("qa").pending == 1
+
+
+@run
+async def test_a_lease_naming_a_namespace_we_may_not_read_is_asked_about_once() -> None:
+    h = Harness()
+    await fleet(h)
+    name = protocol.cross_task_lease_name("secret", "t1")
+    forge(h, TEAM_B, name, **{protocol.ANNOTATION_TASK_UID: "u"})
+    await h.settle()
+    secret = lambda args: args[0] == "secret"  # noqa: E731
+    h.kube.inject("get_task", Status.FORBIDDEN, times=100, when=secret)
+    reads = h.kube.calls["get_task"]
+    for _ in range(3):  # resyncs
+        h.controller.follower.rebuild(urgent=False)
+        await h.settle()
+    assert h.kube.calls["get_task"] == reads + 1
+    # The Lease changes: judged again, once.
+    h.kube.edit("leases", TEAM_B, name, lambda b: b["spec"].__setitem__("holderIdentity", "x"))
+    await h.settle()
+    for _ in range(2):
+        h.controller.follower.rebuild(urgent=False)
+        await h.settle()
+    assert h.kube.calls["get_task"] == reads + 2
+    assert h.kube.get("leases", TEAM_B, name) is not None
+
+
+@run
+async def test_a_forged_lease_of_a_finished_task_is_left_until_the_task_goes() -> None:
+    h = Harness()
+    await fleet(h)
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    renew(h, TEAM_A, "a1")
+    await h.settle()
+    report(h, TEAM_A, "a1", outcome="Succeeded", result={})
+    await h.settle()
+    assert status(h, TEAM_A, "a1")["phase"] == "Succeeded"
+    assert (TEAM_A, "a1") not in h.controller.store.tasks  # settled: no record kept
+    name = protocol.cross_task_lease_name(TEAM_A, "a1")
+    forge(h, TEAM_B, name)  # names a task that is there (finished): not ours to delete
+    await h.settle()
+    assert h.kube.get("leases", TEAM_B, name) is not None
+    h.kube.remove("agenttasks", TEAM_A, "a1")  # the task is gone: so is every agentq
+    await h.settle()  # Lease named after it
+    assert h.kube.get("leases", TEAM_B, name) is None

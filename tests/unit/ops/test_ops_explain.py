@@ -418,3 +418,34 @@ def test_agent_written_text_is_printed_as_text(text: str) -> None:
     assert "\x1b" not in printed and "\x07" not in printed
     visible = render.safe(text)
     assert visible in printed.replace("\n", "") or visible[:40] in printed
+
+
+def test_a_claim_across_namespaces_judges_the_holder_of_the_pool() -> None:
+    story = Story().grant("w", -4)
+    story.status["workerNamespace"] = "pool"
+    paused = [worker("w", "llm", phase="NotReady", paused=True)]
+    exp = why(task(status=story.status), paused)  # the pool's workers
+    assert "agentq uncordon w -n pool" in finding(exp, "WorkerNotReady")
+    # The pool's workers could not be read: nothing said of the holder, nothing invented.
+    exp = why(task(status=story.status), [], holders_known=False)
+    assert exp.codes == ["AwaitingStart"]
+
+
+def test_the_lease_of_a_claim_across_namespaces_is_read_in_the_pool() -> None:
+    from agentq.ops.kube import Cluster
+
+    asked: list[tuple[str, tuple[int, ...]]] = []
+
+    class Recording(Cluster):
+        def _answer(self, method: str, path: str, *args: object, **kw: object) -> object:  # type: ignore[override]
+            asked.append((path, kw.get("tolerate", ())))  # type: ignore[arg-type]
+            return 403, None
+
+    ops = Recording.__new__(Recording)
+    ops.namespace = "team-a"
+    body = {"metadata": {"name": "t", "namespace": "team-a"}, "status": {"workerNamespace": "pool"}}
+    assert ops.task_lease(body) is None
+    assert ops.workers_if_readable("pool") is None
+    name = protocol.cross_task_lease_name("team-a", "t")
+    assert asked[0] == (f"/apis/coordination.k8s.io/v1/namespaces/pool/leases/{name}", (403, 404))
+    assert asked[1][0].endswith("/namespaces/pool/agentworkers")
