@@ -438,44 +438,59 @@ def requeue(status: AgentTaskStatus, *, now: datetime.datetime, request: str) ->
     )
 
 
-def unschedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
-    """No worker in the namespace can take the task (its capabilities are missing)."""
-    stamp = rfc3339(now)
+def _waits(
+    status: AgentTaskStatus,
+    condition: tuple[str, bool, str],
+    *,
+    message: str,
+    now: datetime.datetime,
+    event: str,
+) -> Transition:
+    """A Pending task's condition saying why it waits (``condition``: its type, status
+    and reason); a task not yet given a phase is given Pending with it. ``event``: the
+    Warning's reason ('' for none)."""
+    kind, value, reason = condition
     patch: dict[str, Any] = {
-        "conditions": _conditions(
-            status, _condition(UNSCHEDULABLE, True, "MissingCapabilities", message, stamp)
-        )
+        "conditions": _conditions(status, _condition(kind, value, reason, message, rfc3339(now)))
     }
     if status.phase is None:
         patch["phase"] = TaskPhase.PENDING.value
-    return Transition(patch=patch, reason="Unschedulable", message=message, warning=True)
+    return Transition(patch=patch, reason=event, message=message, warning=True)
+
+
+def _cleared(
+    status: AgentTaskStatus,
+    condition: tuple[str, bool, str],
+    *,
+    message: str,
+    now: datetime.datetime,
+) -> Transition:
+    """The condition that said why a task waited, turned (no event)."""
+    kind, value, reason = condition
+    stamp = rfc3339(now)
+    return Transition(
+        patch={"conditions": _conditions(status, _condition(kind, value, reason, message, stamp))},
+        reason="",
+        message="",
+    )
+
+
+def unschedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
+    """No worker in the namespace can take the task (its capabilities are missing)."""
+    condition = (UNSCHEDULABLE, True, "MissingCapabilities")
+    return _waits(status, condition, message=message, now=now, event="Unschedulable")
 
 
 def schedulable(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
     """A worker that can take the task exists again."""
-    stamp = rfc3339(now)
-    return Transition(
-        patch={
-            "conditions": _conditions(
-                status, _condition(UNSCHEDULABLE, False, "WorkerAvailable", message, stamp)
-            )
-        },
-        reason="",
-        message="",
-    )
+    return _cleared(status, (UNSCHEDULABLE, False, "WorkerAvailable"), message=message, now=now)
 
 
 def not_queued(
     status: AgentTaskStatus, *, reason: str, message: str, now: datetime.datetime
 ) -> Transition:
     """The AgentQueue the task names does not admit it (``reason`` says why): it waits."""
-    stamp = rfc3339(now)
-    patch: dict[str, Any] = {
-        "conditions": _conditions(status, _condition(QUEUED, False, reason, message, stamp))
-    }
-    if status.phase is None:
-        patch["phase"] = TaskPhase.PENDING.value
-    return Transition(patch=patch, reason=reason, message=message, warning=True)
+    return _waits(status, (QUEUED, False, reason), message=message, now=now, event=reason)
 
 
 def condition_reason_of(status: AgentTaskStatus, kind: str) -> str | None:
@@ -496,39 +511,18 @@ def not_budgeted(
 ) -> Transition:
     """An AgentBudget the task names does not admit it (``reason``: a verdict -- the
     budget is missing, the estimate above a limit -- or a wait for room): it waits."""
-    stamp = rfc3339(now)
-    patch: dict[str, Any] = {
-        "conditions": _conditions(status, _condition(BUDGETED, False, reason, message, stamp))
-    }
-    if status.phase is None:
-        patch["phase"] = TaskPhase.PENDING.value
-    return Transition(patch=patch, reason=reason if warning else "", message=message, warning=True)
+    condition = (BUDGETED, False, reason)
+    return _waits(status, condition, message=message, now=now, event=reason if warning else "")
 
 
 def budgeted(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
     """The AgentBudgets the task names may admit it again (after a verdict)."""
-    stamp = rfc3339(now)
-    return Transition(
-        patch={
-            "conditions": _conditions(
-                status, _condition(BUDGETED, True, "Admitted", message, stamp)
-            )
-        },
-        reason="",
-        message="",
-    )
+    return _cleared(status, (BUDGETED, True, "Admitted"), message=message, now=now)
 
 
 def queued(status: AgentTaskStatus, *, message: str, now: datetime.datetime) -> Transition:
     """The AgentQueue the task names admits it now."""
-    stamp = rfc3339(now)
-    return Transition(
-        patch={
-            "conditions": _conditions(status, _condition(QUEUED, True, "Admitted", message, stamp))
-        },
-        reason="",
-        message="",
-    )
+    return _cleared(status, (QUEUED, True, "Admitted"), message=message, now=now)
 
 
 def unprocessable(
