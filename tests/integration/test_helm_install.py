@@ -187,7 +187,7 @@ def test_install_upgrade_uninstall(plane: ClusterState, home: Path, tmp_path: Pa
     assert status["version"] == 2 and status["info"]["status"] == "deployed"
 
     # uninstall: nothing of agentq's is left but the CRDs, kept (crds.keep, the default).
-    helm(home, "uninstall", RELEASE, "-n", "default", "--wait", kubeconfig=plane.kubeconfig)
+    _uninstall(home, plane)
     _wait(
         "only the CRDs left after uninstall",
         lambda: (
@@ -203,8 +203,22 @@ def test_install_upgrade_uninstall(plane: ClusterState, home: Path, tmp_path: Pa
     _install(home, plane, "--set", "crds.keep=false")
     for name in CRDS:
         _wait(f"CRD {name} Established", lambda name=name: _established(plane, name))
-    helm(home, "uninstall", RELEASE, "-n", "default", "--wait", kubeconfig=plane.kubeconfig)
+    _uninstall(home, plane)
     _wait("no agentq object left", lambda: _agentq_objects_left(plane) == [], timeout=120)
+
+
+def _uninstall(home: Path, plane: ClusterState) -> None:
+    """``helm uninstall --wait``; waits for the namespace and CRDs to go, which a loaded
+    controller manager may take minutes over: if it does not end, what is left says why."""
+    try:
+        helm(
+            home, "uninstall", RELEASE, "-n", "default", "--wait", "--timeout", "280s",
+            kubeconfig=plane.kubeconfig, timeout=300,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as err:
+        left = _kubectl(plane, "get", "namespaces,crds", "-o", "wide", check=False)
+        objects = _agentq_objects_left(plane)
+        raise AssertionError(f"helm uninstall hung: {objects}\n{left}") from err
 
 
 def _policy_refuses_agent(plane: ClusterState) -> bool:
