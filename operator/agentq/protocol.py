@@ -396,6 +396,16 @@ def _amount(value: Any, *, what: str, limit: int) -> int:
     return value
 
 
+def _only_fields(value: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    """ProtocolError naming the first fields of ``value`` not in ``allowed``."""
+    unknown = sorted(set(value) - set(allowed))
+    if unknown:
+        raise ProtocolError(
+            f"{where} has unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
+            f"allowed: {', '.join(allowed)}"
+        )
+
+
 def parse_usage(
     value: Any,
     *,
@@ -427,12 +437,7 @@ def parse_usage(
             raise ProtocolError(
                 f"{where} must be an object with requests and tokens, not {type(entry).__name__}"
             )
-        unknown = sorted(set(entry) - {"requests", "tokens"})
-        if unknown:
-            raise ProtocolError(
-                f"{where} has unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
-                "allowed: requests, tokens"
-            )
+        _only_fields(entry, ("requests", "tokens"), where)
         old = before.get(name, Usage())
         requests = entry.get("requests", old.requests)
         tokens = entry.get("tokens", old.tokens)
@@ -536,12 +541,7 @@ def parse_throttle(value: Any, *, what: str = "throttled", names: bool = True) -
             f"{what} must be an object with budget and retryAfterSeconds, "
             f"not {type(value).__name__}"
         )
-    unknown = sorted(set(value) - {"budget", "retryAfterSeconds"})
-    if unknown:
-        raise ProtocolError(
-            f"{what} has unknown field(s) {', '.join(map(repr, unknown[:5]))}; "
-            "allowed: budget, retryAfterSeconds"
-        )
+    _only_fields(value, ("budget", "retryAfterSeconds"), what)
     if "budget" not in value or "retryAfterSeconds" not in value:
         raise ProtocolError(f"{what} needs both budget and retryAfterSeconds")
     budget = value["budget"]
