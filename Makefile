@@ -86,7 +86,8 @@ controlplane: venv
 helm: venv
 	$(BIN)/agentq cluster build --helm
 
-# KEDA (an agent pool scaled 0 -> N -> 0 on the queue; docs/autoscaling.md), its
+# KEDA (an agent pool scaled 0 -> N -> 0 on the queue; docs/autoscaling.md; make test's
+# KEDA integration tests and make e2e), its
 # module downloaded from the Go module proxy and built, binaries into
 # ~/.cache/agentq/keda/<version>/bin and its Go build cache (>3 GB) into
 # ~/.cache/agentq/keda/<version>/gocache: ~17 min cold on 2 cores, minutes warm.
@@ -153,7 +154,7 @@ check: lint typecheck imports
 unit: venv
 	$(BIN)/pytest tests/unit sdk/tests
 
-integration: venv system-deps controlplane helm polyglot-deps
+integration: venv system-deps controlplane helm keda polyglot-deps
 	$(BIN)/pytest tests/integration
 
 # Parallel runs (pytest-xdist): TEST_WORKERS processes against one shared control plane
@@ -173,7 +174,7 @@ test-fast: venv
 
 # Everything but tests/node (real pods on a local node, `make e2e`): unit, integration
 # and slow, in parallel.
-test: venv system-deps controlplane helm polyglot-deps check
+test: venv system-deps controlplane helm keda polyglot-deps check
 	$(BIN)/pytest -m "not node" -n $(TEST_WORKERS) $(PARALLEL) $(PYTEST_FLAGS)
 
 # The operator's liveness tests again with kopf's watches (--watcher kopf): both watcher
