@@ -227,6 +227,27 @@ class Fleet:
         )
         return created
 
+    def largest_creatable(self, body: Callable[[int], dict[str, Any]], lo: int, hi: int) -> int:
+        """The largest ``n`` whose AgentTask ``body(n)`` the API server creates (etcd's
+        request limit decides), found by creating and deleting it: ``body(lo)`` must fit,
+        ``body(hi)`` not. Probe under a name of the length of the task to be made (etcd
+        counts the key), not its name: the probes' events are not the task's."""
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                made = self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "agenttasks", body(mid)
+                )
+            except ApiException as err:
+                assert "too large" in str(err.body), err.body
+                hi = mid
+                continue
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "agenttasks", made["metadata"]["name"]
+            )
+            lo = mid
+        return lo
+
     def task(self, name: str) -> dict[str, Any]:
         got: dict[str, Any] = self.custom.get_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "agenttasks", name

@@ -549,6 +549,53 @@ def unprocessable(
     )
 
 
+#: Why a task ends ``Failed`` when etcd refuses its status for the object's size.
+OBJECT_TOO_LARGE = "ObjectTooLarge"
+#: Short on purpose: every byte of it must fit beside the object.
+TOO_LARGE_MESSAGE = "too large for etcd to store with a status; keep large inputs outside the task"
+
+
+def too_large(status: AgentTaskStatus, *, now: datetime.datetime) -> tuple[Transition, ...]:
+    """Ways to end a task whose status etcd refuses for the object's size, each smaller
+    than the one before: tried in turn until one is taken (``Committer.refused_for_good``).
+
+    1. ``Failed`` with the ``Unprocessable`` condition and the error, both short;
+    2. ``Failed`` with ``error.reason`` ``ObjectTooLarge`` alone;
+    3. ``Failed`` alone.
+
+    Each also clears the claim's fields (a merge patch removing them: bytes given back).
+    The API server retries a write that is too large without the object's
+    managedFields, so what is left to make room on is the user's own metadata and spec:
+    an object within 75 bytes of etcd's limit takes no write at all (docs/operator.md,
+    "Known limits"), and the caller says so in an Event.
+    """
+    said = f"{OBJECT_TOO_LARGE}: {TOO_LARGE_MESSAGE}"
+    cleared: dict[str, Any] = {
+        "phase": TaskPhase.FAILED.value,
+        "worker": None,
+        "workerNamespace": None,
+        "graceUntil": None,
+    }
+    compact = unprocessable(status, reason=OBJECT_TOO_LARGE, message=TOO_LARGE_MESSAGE, now=now)
+    return (
+        Transition(
+            patch={**compact.patch, **cleared}, reason=compact.reason, message=said, warning=True
+        ),
+        Transition(
+            patch={**cleared, "error": {"reason": OBJECT_TOO_LARGE}},
+            reason="Unprocessable",
+            message=f"{said} (the status holds only its phase and error reason: nothing more fits)",
+            warning=True,
+        ),
+        Transition(
+            patch=cleared,
+            reason="Unprocessable",
+            message=f"{said} (the status holds only its phase: nothing more fits)",
+            warning=True,
+        ),
+    )
+
+
 def refused(status: AgentTaskStatus) -> Transition:
     """Count one more refused report in ``status.refusedReports`` (the event is separate)."""
     return Transition(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from agentq import protocol
+from agentq import GROUP, VERSION, protocol
 from agentq.controlplane.cluster import free_port
 from builders import task, worker
 from fleet import Fleet
@@ -133,6 +133,47 @@ def test_a_task_too_large_to_grant_is_unprocessable_not_pending_forever(
     serves_a_good_task(fleet)
     errors = [line for line in operator.text().splitlines() if '"level": "ERROR"' in line]
     assert len(errors) <= 2, errors
+
+
+def near_the_limit(fleet: Fleet, name: str, size: int) -> dict[str, Any]:
+    return task(name).requires("llm").namespace(fleet.namespace).payload({"blob": "x" * size}).obj()
+
+
+def test_a_task_near_etcds_limit_ends_failed_and_one_at_it_says_so(fleet: Fleet) -> None:
+    """etcd takes the object but not the ObjectTooLarge status beside it: within a few
+    hundred bytes of its request limit the task stayed Pending for good, an event every
+    10 minutes. It now ends Failed / ObjectTooLarge in a smaller write. At the limit itself
+    no write of any kind fits (the API server already drops managedFields to make room): an
+    event and a metric say so, once, and the others are served (docs/operator.md, "Known
+    limits")."""
+    fleet.add_worker(worker("a").capabilities("llm").max_in_flight(4))
+    fleet.agent("a", "complete", work_seconds=0.2)
+    good_worker(fleet)
+    # Names of one length: etcd counts the key, so the same payload fits each or none.
+    top = fleet.largest_creatable(lambda n: near_the_limit(fleet, "probe", n), 1_560_000, 1_580_000)
+    port = free_port()
+    operator = fleet.operator("--metrics-port", str(port))
+    fleet.custom.create_namespaced_custom_object(
+        GROUP, VERSION, fleet.namespace, "agenttasks", near_the_limit(fleet, "nearl", top - 300)
+    )
+    failed = fleet.wait_phase("nearl", "Failed", timeout=30)["status"]
+    assert failed["error"]["reason"] == "ObjectTooLarge", failed
+    fleet.wait_reasons("nearl", {"Unprocessable": 1})
+    assert fleet.task_lease("nearl") is None
+
+    fleet.custom.create_namespaced_custom_object(
+        GROUP, VERSION, fleet.namespace, "agenttasks", near_the_limit(fleet, "atlim", top)
+    )
+    fleet.wait_reasons("atlim", {"Unprocessable": 1}, timeout=30)
+    said = [e.message for e in fleet.events("atlim") if e.reason == "Unprocessable"]
+    assert "cannot be processed" in said[0], said
+    assert status(fleet, "atlim").get("phase", "Pending") == "Pending"
+    serves_a_good_task(fleet)
+    text = scrape(port)
+    assert 'agentq_unprocessable_total{kind="AgentTask",reason="ObjectTooLarge"} 1.0' in text
+    assert 'agentq_unprocessable_total{kind="AgentTask",reason="Unwritable"} 1.0' in text
+    assert len(fleet.events("atlim")) == 1, "said again and again"
+    assert operator.popen.poll() is None, "the operator exited"
 
 
 def test_a_token_edited_by_hand_fails_the_attempt_once_instead_of_wedging(fleet: Fleet) -> None:

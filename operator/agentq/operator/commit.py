@@ -293,35 +293,51 @@ class Committer:
     async def refused_for_good(
         self, task: TaskView, transition: lifecycle.Transition, message: str
     ) -> None:
-        """The API server will never take this write (422 / too large). Fail the attempt
-        (or the task) saying why, with a smaller write; if even that is refused, say so
-        in an Event and stop trying for a while -- never a retry every pass."""
+        """The API server will never take this write (422 / too large). Fail the task
+        saying why, in a smaller write -- for an object too large for etcd, smaller and
+        smaller ones (``lifecycle.too_large``: its reason ``ObjectTooLarge``); if even the
+        smallest is refused, say so in an Event and stop trying for a while -- never a
+        retry every pass."""
         key = task.key
         log.error("status write of %s/%s refused: %s", *key, message)
-        metrics.UNPROCESSABLE.labels("AgentTask", "StatusRefused").inc()
-        fallback: lifecycle.Transition | None = None
         now = self.clock.now()
-        if transition.phase is not TaskPhase.FAILED or "error" not in transition.patch:
-            fallback = lifecycle.unprocessable(
-                task.status,
-                reason="StatusRefused",
-                message=f"the API server refused the task's status: {message}",
-                now=now,
-            )
-        if fallback is not None:
+        too_large = "too large" in message.lower()
+        fallbacks: tuple[lifecycle.Transition, ...] = ()
+        if too_large:
+            fallbacks = lifecycle.too_large(task.status, now=now)
+        else:
+            metrics.UNPROCESSABLE.labels("AgentTask", "StatusRefused").inc()
+            if transition.phase is not TaskPhase.FAILED or "error" not in transition.patch:
+                fallbacks = (
+                    lifecycle.unprocessable(
+                        task.status,
+                        reason="StatusRefused",
+                        message=f"the API server refused the task's status: {message}",
+                        now=now,
+                    ),
+                )
+        for fallback in fallbacks:
             reply = await self.write_status(task, fallback.patch)
             if reply.ok and reply.body is not None:
+                if too_large:
+                    metrics.UNPROCESSABLE.labels("AgentTask", lifecycle.OBJECT_TOO_LARGE).inc()
                 self.record(self.store.observe_task(reply.body) or task, fallback)
                 return
             if reply.status is not Status.INVALID:
                 return  # a race: decide again
         self.retries.left_alone(key)
-        self.events.record(
-            involved(task),
-            reason="Unprocessable",
-            message=f"the API server refuses every status write of this task: {message}",
-            warning=True,
-        )
+        if too_large:
+            # Nothing the operator may touch is left to make room on: the object is the
+            # user's metadata and spec alone (docs/operator.md, "Known limits").
+            metrics.UNPROCESSABLE.labels("AgentTask", "Unwritable").inc()
+            said = (
+                "the object is too large for etcd to take any write of its status (it is "
+                "within a few dozen bytes of the request limit): it cannot be processed, "
+                f"and stays as it is; delete it (large inputs belong outside the task): {message}"
+            )
+        else:
+            said = f"the API server refuses every status write of this task: {message}"
+        self.events.record(involved(task), reason="Unprocessable", message=said, warning=True)
 
     def record(self, task: TaskView, transition: lifecycle.Transition) -> None:
         about = involved(task)

@@ -12,6 +12,8 @@ Faults are injected per call: ``inject("patch_status", Status.CONFLICT)``
 answers the next status patch with a 409 as if someone wrote first;
 ``inject("create_lease", KubeError("timeout"), applied=True)`` applies the write
 and then loses the reply (the outcome the controller must treat as unknown).
+``max_object_bytes`` plays etcd's request limit: a status patch whose result is
+longer as JSON is refused as the API server refuses it ("request is too large").
 
 Not a test double of Kubernetes in general: only what the operator uses.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+import json
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -88,6 +91,8 @@ class FakeKube:
         self._faults: list[_Fault] = []
         self.calls: Counter[str] = Counter()
         self.writes: Counter[str] = Counter()
+        # etcd's request limit, as the length of the object's JSON (None: no limit).
+        self.max_object_bytes: int | None = None
 
     # -- watch side ----------------------------------------------------------------------
 
@@ -220,8 +225,13 @@ class FakeKube:
                 resource_version
             ):
                 return Reply(Status.CONFLICT, None, "the object has been modified")
+            status = merge_patch(copy.deepcopy(body.get("status") or {}), patch)
+            if self.max_object_bytes is not None:
+                size = len(json.dumps({**body, "status": status}, separators=(",", ":")))
+                if size > self.max_object_bytes:
+                    return Reply(Status.INVALID, None, "etcdserver: request is too large")
             self.writes[f"{plural}/status PATCH"] += 1
-            body["status"] = merge_patch(body.get("status") or {}, patch)
+            body["status"] = status
             return Reply(Status.OK, self._stamp(plural, body, "MODIFIED"))
 
         return await self._run("patch_status", (plural, namespace, name, patch), do)

@@ -5,11 +5,17 @@ an earlier review's findings whose fixes were lost)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
 
 from agentq import protocol
 from agentq.operator.fake import Held
 from agentq.operator.port import KubeError, Status
+from agentq.views import MAX_TASK_BYTES
 from builders import task
 from harness import NS, Harness, run
 
@@ -304,3 +310,89 @@ async def test_a_failed_relist_does_not_stop_the_cleanup_for_good() -> None:
         await h.advance(30)
     assert calls >= 2
     assert not any(p == "agenttasks" for (p, _, _) in h.kube.objects), "all deleted"
+
+
+# --- A task too large for etcd to store with a status ---------------------------------------
+
+
+def unprocessable_count(reason: str) -> float:
+    labels = {"kind": "AgentTask", "reason": reason}
+    return REGISTRY.get_sample_value("agentq_unprocessable_total", labels) or 0.0
+
+
+def near_the_limit(h: Harness, name: str, room: int) -> None:
+    """A task over MAX_TASK_BYTES, with ``room`` bytes left under etcd's limit (the fake's
+    ``max_object_bytes``); a negative room: not even the object as it is fits again (a
+    real update carries more than a create did, and the status the API server defaults)."""
+    body = h.task(task(name).requires("llm").payload({"blob": "x" * (MAX_TASK_BYTES + 1000)}))
+    h.kube.max_object_bytes = len(json.dumps(body, separators=(",", ":"))) + room
+
+
+@pytest.mark.parametrize(
+    ("room", "error", "condition"),
+    [
+        (600, {"reason": "ObjectTooLarge", "retryable": False}, True),  # the short Failed
+        (60, {"reason": "ObjectTooLarge"}, False),  # the error's reason alone
+        (0, None, False),  # the phase alone ("Failed" is shorter than "Pending")
+    ],
+)
+@run
+async def test_a_task_too_large_for_its_status_ends_failed_in_the_write_that_fits(
+    room: int, error: dict[str, Any] | None, condition: bool
+) -> None:
+    """The status that says ObjectTooLarge did not fit beside the object, nor the smaller
+    StatusRefused one meant to say so: the task stayed Pending for good, retried every
+    UNWRITABLE_SECONDS with an event."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    before = unprocessable_count("ObjectTooLarge")
+    near_the_limit(h, "big", room)
+    await h.settle()
+    st = h.status("big")
+    assert st["phase"] == "Failed", st
+    assert (st.get("error") or {}).items() >= (error or {}).items()
+    if error is None:
+        assert "error" not in st
+    got = h.condition("big", "Unprocessable")
+    assert (got is not None and got["reason"] == "ObjectTooLarge") is condition, got
+    assert "Unprocessable" in h.kube.reasons("big")
+    assert unprocessable_count("ObjectTooLarge") == before + 1
+    record = h.controller.store.tasks.get((NS, "big"))
+    assert record is None or record.unwritable_until is None, "not left alone: done"
+    assert h.lease("big") is None
+
+
+@run
+async def test_a_task_that_takes_no_write_at_all_says_so_and_is_left_alone() -> None:
+    """Within a few dozen bytes of etcd's limit nothing can be written to the object (the
+    API server already drops managedFields to make room): an Event and a metric say so,
+    the task is left alone for UNWRITABLE_SECONDS -- never a write every pass -- and the
+    operator serves the others."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    before = unprocessable_count("Unwritable")
+    near_the_limit(h, "big", -10)
+    await h.settle()
+    assert h.phase("big") == "Pending"
+    assert h.record("big").unwritable_until is not None
+    assert unprocessable_count("Unwritable") == before + 1
+    said = [e["message"] for e in h.kube.events("big") if e["reason"] == "Unprocessable"]
+    assert len(said) == 1 and "cannot be processed" in said[0], said
+    calls = h.kube.calls["patch_status"]
+    await h.advance(60)
+    assert h.kube.calls["patch_status"] - calls < 5, "written again and again"
+    h.task(task("small").requires("llm"))
+    await h.settle()
+    assert h.phase("small") == "Assigned"
+
+
+@run
+async def test_a_status_refused_for_another_reason_still_fails_with_status_refused() -> None:
+    """Only a refusal for size takes the ObjectTooLarge ladder; a 422 keeps its reason."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=100_000)
+    h.kube.inject("patch_status", Status.INVALID, when=lambda a: a[0] == "agenttasks")
+    h.task(task("t").requires("llm"))
+    await h.settle()
+    assert h.phase("t") == "Failed"
+    assert h.status("t")["error"]["reason"] == "StatusRefused"
