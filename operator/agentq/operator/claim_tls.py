@@ -152,8 +152,7 @@ class ServingCert:
         try:
             if not self.cert_file or not self.key_file:
                 raise ValueError(
-                    "--claim-cert-file and --claim-key-file go together (a certificate and "
-                    "its key)"
+                    "--claim-cert-file and --claim-key-file go together (a certificate and its key)"
                 )
             context.load_cert_chain(self.cert_file, self.key_file)
             with open(self.cert_file, "rb") as f:
