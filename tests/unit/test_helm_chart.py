@@ -182,7 +182,7 @@ def test_claim_tls_modes(home: Path) -> None:
     assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
     assert certificate["spec"]["secretName"] == "agentq-operator-claims-tls"
     assert not [o for o in managed if o["kind"] == "Secret"]
-    with pytest.raises(AssertionError, match="needs operator.claimTLS.issuerRef.name"):
+    with pytest.raises(AssertionError, match=r"needs operator\.claimTLS\.issuerRef\.name"):
         template(home, values={"operator.claimTLS.mode": "cert-manager"})
     own = template(
         home,
