@@ -17,6 +17,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
+# The install with the claim port over TLS from cert-manager, and its agent.
+CERT_MANAGER = ROOT / "examples" / "cert-manager"
 EXAMPLE_WORKER = "example"
 
 
@@ -60,13 +62,15 @@ def agent_objects(
     image: str | None = None,
     env: dict[str, str] | None = None,
     agent_args: list[str] | None = None,
+    directory: Path = MANIFESTS / "agent",
 ) -> list[dict[str, Any]]:
-    """``manifests/agent/`` for ``worker`` in ``namespace``.
+    """``manifests/agent/`` (or an overlay of it, ``directory``) for ``worker`` in
+    ``namespace``.
 
     ``env`` sets (or adds) variables of the sidecar container; ``agent_args``
     replaces the agent container's arguments.
     """
-    rendered = json.dumps(kustomize(kubectl, MANIFESTS / "agent"))
+    rendered = json.dumps(kustomize(kubectl, directory))
     # Names, labels, the account and AGENTQ_WORKER all carry the worker's name.
     rendered = rendered.replace(f'"{EXAMPLE_WORKER}"', json.dumps(worker))
     rendered = rendered.replace(f'-{EXAMPLE_WORKER}"', f'-{worker}"')

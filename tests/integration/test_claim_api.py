@@ -30,8 +30,10 @@ from agentq import GROUP, VERSION, kube, protocol
 from agentq.controlplane.cluster import free_port
 from agentq.operator.claim_api import AUDIENCE, ClaimRef, ClaimServer
 from agentq.sidecar.operator_claims import ClaimError, OperatorClaims
-from builders import task
+from builders import queue, task, worker
+from certs import SERVICE_NAME, Ca
 from fleet import ControlPlane, Fleet
+from manifests import agent_objects, to_yaml
 
 
 @pytest.fixture
@@ -196,3 +198,92 @@ def test_the_operator_serves_the_claim_api_on_its_claim_port(
     assert first == 401
     assert ask(other) == 403
     assert ask(good) == 404
+
+
+def test_a_real_sidecar_reads_its_claim_over_tls_and_one_trusting_another_ca_is_refused(
+    control_plane: ControlPlane,
+    agentq_installed: None,
+    fleet: Fleet,
+    pool: str,
+    core_api: client.CoreV1Api,
+    tmp_path: Path,
+) -> None:
+    """``agentq operator --claim-cert-file/--claim-key-file`` and real sidecars with
+    ``--operator-ca-file``: the operator's certificate names the Service (not the
+    address dialled: ``--operator-server-name`` is checked), signed by the CA of w1's
+    bundle. The workers live in the fleet's namespace, the team's tasks in another
+    (``pool`` here is the team's). The task for w1 succeeds with its payload read over
+    TLS; the one for w2, whose bundle is another CA's, stays Assigned: w2's sidecar
+    refuses the handshake (an error log), and the operator runs on. Plain HTTP to the
+    TLS port gets no answer."""
+    workers, team = fleet.namespace, pool
+    ca, other = Ca.make(), Ca.make("not-the-operators-ca")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    ca.write_serving(cert, key, (SERVICE_NAME,))
+    bundles = {"w1": ca.write(tmp_path / "ca.crt"), "w2": other.write(tmp_path / "other.crt")}
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": team}}
+    body = queue("q-tls").set("spec.namespaceSelector", selector).workers_in(workers).obj()
+    fleet.custom.create_cluster_custom_object(GROUP, VERSION, "agentqueues", body)
+    port = free_port()
+    try:
+        for name, capability in (("w1", "llm"), ("w2", "gpu")):
+            objects = agent_objects(control_plane.kubectl_path, worker=name, namespace=workers)
+            accounts = [o for o in objects if o["kind"] in ("ServiceAccount", "RoleBinding")]
+            control_plane.kubectl("apply", "-f", "-", input=to_yaml(accounts))
+            account = f"agentq-agent-{name}"
+            kubeconfig = kubeconfig_for_token(
+                control_plane.kubeconfig,
+                token(core_api, workers, account),
+                tmp_path / f"{name}.kubeconfig",
+            )
+            claim_token = tmp_path / f"{name}.claims.token"
+            claim_token.write_text(token(core_api, workers, account, audiences=[AUDIENCE]))
+            fleet.add_worker(worker(name).capabilities(capability).max_in_flight(1))
+            fleet.agent(
+                name,
+                "complete",
+                work_seconds=0.2,
+                kubeconfig=str(kubeconfig),
+                operator_url=f"https://127.0.0.1:{port}",
+                operator_token_file=str(claim_token),
+                operator_ca_file=str(bundles[name]),
+                operator_server_name=SERVICE_NAME,
+            )
+        operator = fleet.operator(
+            *("--namespace", team, "--claim-port", str(port)),
+            *("--claim-cert-file", str(cert), "--claim-key-file", str(key)),
+        )
+        for name, capability in (("good", "llm"), ("refused", "gpu")):
+            body = task(name).requires(capability).queue("q-tls").namespace(team)
+            fleet.custom.create_namespaced_custom_object(
+                GROUP, VERSION, team, "agenttasks", body.payload({"secret": name}).obj()
+            )
+
+        def status(name: str) -> dict[str, Any]:
+            got = fleet.custom.get_namespaced_custom_object(
+                GROUP, VERSION, team, "agenttasks", name
+            )
+            return dict(got.get("status") or {})
+
+        deadline = time.monotonic() + 90
+        while status("good").get("phase") != "Succeeded":
+            assert time.monotonic() < deadline, fleet.logs()
+            time.sleep(0.3)
+        good = status("good")
+        assert (good["worker"], good["workerNamespace"]) == ("w1", workers), good
+        assert good["result"] == {"by": "w1"}
+        # w2 holds its claim, but its sidecar will not talk to an operator it cannot verify.
+        w2 = fleet.pairs[1].sidecar
+        while "CERTIFICATE_VERIFY_FAILED" not in w2.text():
+            assert time.monotonic() < deadline, w2.text()[-3000:]
+            time.sleep(0.3)
+        assert status("refused").get("phase") == "Assigned", status("refused")
+        refusal = next(e for e in w2.events() if "CERTIFICATE_VERIFY_FAILED" in str(e))
+        assert refusal["level"] == "ERROR", refusal
+        assert operator.popen.poll() is None, operator.text()[-3000:]
+        assert "serving TLS certificate" in operator.text()
+        # The port speaks TLS only: a plain HTTP request gets no answer.
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/claims/{workers}/x", timeout=5)
+    finally:
+        fleet.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", "q-tls")

@@ -8,6 +8,7 @@ installs the chart on a real API server.
 
 from __future__ import annotations
 
+import base64
 import difflib
 import json
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 import helmchart
 import manifests
@@ -77,21 +80,123 @@ def test_lint_passes(home: Path) -> None:
         assert "0 chart(s) failed" in done.stdout, done.stdout
 
 
-def test_defaults_render_the_objects_of_manifests(home: Path, kubectl: str) -> None:
-    """`helm template` with the defaults == `kubectl kustomize manifests/`, object for
-    object, but Helm's labels and the CRDs' keep annotation."""
-    _assert_same_objects(manifests.install_base(kubectl), template(home))
+PLAIN = {"operator.claimTLS.mode": "none"}
 
 
-def test_the_agent_pool_renders_the_objects_of_manifests_agent(home: Path, kubectl: str) -> None:
+def test_plain_http_renders_the_objects_of_manifests(home: Path, kubectl: str) -> None:
+    """`helm template` with claimTLS.mode none == `kubectl kustomize manifests/`, object
+    for object, but Helm's labels and the CRDs' keep annotation."""
+    _assert_same_objects(manifests.install_base(kubectl), template(home, values=PLAIN))
+
+
+def _generated_tls(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chart's claim-port Secret (mode helm), taken out of ``objects``: a random
+    CA each `helm template`, so checked for what it must be rather than compared."""
+    secret = _find(objects, "Secret", "agentq-operator-claims-tls")
+    objects.remove(secret)
+    assert secret["type"] == "kubernetes.io/tls"
+    assert secret["metadata"]["namespace"] == "agentq-system"
+    return secret
+
+
+def test_defaults_render_the_objects_of_the_cert_manager_example(home: Path, kubectl: str) -> None:
+    """The defaults (claim port over TLS, certificate made by the chart) ==
+    `kubectl kustomize examples/cert-manager/` but its cert-manager objects: the same
+    operator mounting the same Secret, which the chart makes itself (the one allowed
+    difference, checked by _generated_tls and test_the_generated_certificate_...)."""
+    want = [
+        o
+        for o in manifests.kustomize(kubectl, manifests.CERT_MANAGER)
+        if not o["apiVersion"].startswith("cert-manager.io/")
+    ]
+    got = template(home)
+    _generated_tls(got)
+    _assert_same_objects(want, got)
+
+
+@pytest.mark.parametrize(
+    ("values", "directory"),
+    [
+        (PLAIN, manifests.MANIFESTS / "agent"),
+        ({}, manifests.CERT_MANAGER / "agent"),
+    ],
+    ids=["plain", "tls"],
+)
+def test_the_agent_pool_renders_the_objects_of_manifests_agent(
+    home: Path, kubectl: str, values: dict[str, str], directory: Path
+) -> None:
     """The default pool is manifests/agent/ in the release's namespace (with part-of
-    agentq, as every object of the release)."""
-    want = manifests.agent_objects(kubectl, worker="example", namespace="team-a")
-    got = template(home, values={"agentPool.enabled": "true"}, namespace="team-a")
+    agentq, as every object of the release); with TLS (the default) it is
+    examples/cert-manager/agent/, and the chart adds the CA's ConfigMap there."""
+    want = manifests.agent_objects(
+        kubectl, worker="example", namespace="team-a", directory=directory
+    )
+    got = template(home, values={"agentPool.enabled": "true", **values}, namespace="team-a")
     pool = [o for o in got if o["metadata"].get("namespace") == "team-a"]
     for obj in pool:
         assert obj["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "agentq"
+    if values != PLAIN:
+        bundle = _find(pool, "ConfigMap", "agentq-operator-ca")
+        pool.remove(bundle)
+        secret = _generated_tls(got)
+        assert bundle["data"]["ca.crt"] == base64.b64decode(secret["data"]["ca.crt"]).decode()
     _assert_same_objects(want, pool)
+
+
+def test_the_generated_certificate_serves_the_service_and_chains_to_its_ca(
+    home: Path,
+) -> None:
+    """mode helm: a CA and a certificate it signed, for the Service's names, whose key
+    is tls.key; the CA also in ConfigMap agentq-operator-ca of each caNamespaces."""
+    objects = template(
+        home,
+        values={"namespace.name": "queues"},
+        extra=["--set-json", 'operator.claimTLS.caNamespaces=["pool-a","pool-b"]'],
+    )
+    secret = _find(objects, "Secret", "agentq-operator-claims-tls")
+    data = {k: base64.b64decode(v) for k, v in secret["data"].items()}
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "agentq-operator-claims.queues.svc" in names.get_values_for_type(x509.DNSName)
+    key = serialization.load_pem_private_key(data["tls.key"], password=None)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+    bundles = [o for o in objects if o["kind"] == "ConfigMap"]
+    assert sorted(o["metadata"]["namespace"] for o in bundles) == ["pool-a", "pool-b"]
+    assert {o["data"]["ca.crt"] for o in bundles} == {data["ca.crt"].decode()}
+
+
+def test_claim_tls_modes(home: Path) -> None:
+    """cert-manager: a Certificate from the issuer given (required), no Secret made;
+    secret: the operator mounts yours; none: plain HTTP, nothing mounted."""
+    managed = template(
+        home,
+        values={
+            "operator.claimTLS.mode": "cert-manager",
+            "operator.claimTLS.issuerRef.name": "corp-ca",
+            "operator.claimTLS.issuerRef.kind": "ClusterIssuer",
+        },
+    )
+    certificate = _find(managed, "Certificate", "agentq-operator-claims")
+    assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert certificate["spec"]["secretName"] == "agentq-operator-claims-tls"
+    assert not [o for o in managed if o["kind"] == "Secret"]
+    with pytest.raises(AssertionError, match=r"needs operator\.claimTLS\.issuerRef\.name"):
+        template(home, values={"operator.claimTLS.mode": "cert-manager"})
+    own = template(
+        home,
+        values={"operator.claimTLS.mode": "secret", "operator.claimTLS.secretName": "mine"},
+    )
+    assert not [o for o in own if o["kind"] in ("Secret", "Certificate")]
+    pod = _find(own, "Deployment")["spec"]["template"]["spec"]
+    assert {
+        "name": "claims-tls",
+        "secret": {"secretName": "mine", "optional": True, "defaultMode": 0o440},
+    } in pod["volumes"]
+    assert _env(pod["containers"][0])["AGENTQ_CLAIM_CERT_FILE"].endswith("/tls.crt")
+    plain = _find(template(home, values=PLAIN), "Deployment")["spec"]["template"]["spec"]
+    assert "AGENTQ_CLAIM_CERT_FILE" not in _env(plain["containers"][0])
 
 
 def test_the_autoscaled_pool_renders_manifests_examples_autoscaling(
@@ -253,6 +358,8 @@ def test_operator_values(home: Path) -> None:
         "AGENTQ_LEADER_LEASE_SECONDS": "30",
         "AGENTQ_LEADER_RENEW_SECONDS": "20",
         "AGENTQ_WATCHER": "kopf",
+        "AGENTQ_CLAIM_CERT_FILE": "/var/run/secrets/agentq.dev/claims-tls/tls.crt",
+        "AGENTQ_CLAIM_KEY_FILE": "/var/run/secrets/agentq.dev/claims-tls/tls.key",
     }
     # Everything of the operator's follows it into its namespace, the election Lease's
     # fence too.
@@ -286,6 +393,7 @@ def test_toggles_leave_their_objects_out(home: Path) -> None:
         "ClusterRoleBinding",
         "Deployment",
         "Service",
+        "Secret",
     }
     # An existing PriorityClass is still named; none with an empty name.
     pod = _find(objects, "Deployment")["spec"]["template"]["spec"]

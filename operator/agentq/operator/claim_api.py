@@ -25,6 +25,10 @@ The answer is what a sidecar reads from an AgentTask of its own namespace:
 answer is counted in ``agentq_claim_api_requests_total{code}``. A TokenReview or
 task read without an answer (or refused for the operator's own rights) is a 503:
 the sidecar tries again.
+
+Over TLS when the server is given a certificate and key (``claim_tls.py``: re-read
+when they change; none loadable is a visible state, never a failed start); plain
+HTTP otherwise, with a warning (docs/security.md, "The claim port").
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from agentq import GROUP, VERSION, kube, protocol, views
 from agentq.clock import Clock, SystemClock
 from agentq.models import TASK_PLURAL
 from agentq.operator import metrics
+from agentq.operator.claim_tls import RELOAD_SECONDS, ServingCert
 
 log = logging.getLogger("agentq.operator.claims")
 
@@ -320,9 +325,13 @@ class ClaimServer:
     """The claim API served on a port of its own, with a client of its own (its
     TokenReviews and task reads never wait behind the controller's writes)."""
 
-    def __init__(self, api: ClaimApi, runner: web.AppRunner) -> None:
+    def __init__(
+        self, api: ClaimApi, runner: web.AppRunner, tls: ServingCert | None = None
+    ) -> None:
         self.api = api
         self.runner = runner
+        self.tls = tls
+        self.watching: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(
@@ -333,21 +342,50 @@ class ClaimServer:
         port: int,
         host: str = "0.0.0.0",
         timeout: float = 10.0,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        reload_seconds: float = RELOAD_SECONDS,
     ) -> ClaimServer:
+        """Serve on ``host:port``: over TLS with ``cert_file``/``key_file`` (claim_tls.py:
+        re-read when they change; none loadable yet is no error here), else plain HTTP."""
+        tls = ServingCert(cert_file or "", key_file or "") if cert_file or key_file else None
+        if tls is not None:
+            tls.reload()
         client = kube.Client(kubeconfig, pool=8, timeout=timeout)
         api = ClaimApi(client, lookup or no_claims)
         runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port, reuse_address=True).start()
+            await web.TCPSite(
+                runner,
+                host,
+                port,
+                reuse_address=True,
+                ssl_context=tls.context if tls is not None else None,
+            ).start()
         except BaseException:
             await runner.cleanup()
             await client.close()
             raise
-        log.info("claim API on %s:%s", host, port)
-        return cls(api, runner)
+        server = cls(api, runner, tls)
+        if tls is not None:
+            server.watching = asyncio.create_task(tls.watch(reload_seconds), name="claim-tls")
+            log.info("claim API on https://%s:%s (certificate %s)", host, port, cert_file)
+        else:
+            log.warning(
+                "claim API on http://%s:%s WITHOUT TLS: tasks' payloads and the sidecars' "
+                "tokens cross the pod network in clear text; give --claim-cert-file and "
+                "--claim-key-file (docs/security.md)",
+                host,
+                port,
+            )
+        return server
 
     async def close(self) -> None:
+        if self.watching is not None:
+            self.watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.watching
         with contextlib.suppress(Exception):
             await self.runner.cleanup()
         await self.api.client.close()

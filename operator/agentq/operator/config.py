@@ -81,6 +81,16 @@ class OperatorConfig:
         help="the claim API (a cross-namespace claim's task, for its holder) on "
         "0.0.0.0:port; 0 disables",
     )
+    # A kubernetes.io/tls Secret's tls.crt and tls.key (claim_tls.py): re-read when the
+    # kubelet updates the mounted Secret. Without both the claim port is plain HTTP; one
+    # without the other is TLS with nothing to serve (said, never a refusal to start).
+    claim_cert_file: str = setting(
+        "",
+        shown="none: plain HTTP",
+        help="PEM certificate (chain) the claim port serves TLS with, re-read when it "
+        "changes; with --claim-key-file",
+    )
+    claim_key_file: str = setting("", shown="none", help="the PEM private key of --claim-cert-file")
     # Off only for a single replica run by hand.
     leader_election: bool = setting(True, shown="on", help="elect a leader among the replicas")
     leader_namespace: str = setting(

@@ -177,7 +177,12 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
         # The store's lookup of a current claim; without one (no_claims) every claim is 404.
         lookup = getattr(controller, "claim_ref", None)
         claims = await ClaimServer.start(
-            kubeconfig, lookup, port=config.claim_port, timeout=config.request_seconds
+            kubeconfig,
+            lookup,
+            port=config.claim_port,
+            timeout=config.request_seconds,
+            cert_file=config.claim_cert_file or None,
+            key_file=config.claim_key_file or None,
         )
     metrics.LEADER.set(1 if controller.leading else 0)
 

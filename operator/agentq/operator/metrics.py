@@ -155,6 +155,21 @@ CLAIM_API_REQUESTS = Counter(
     "HTTP status answered (403: refused; 404: claim not known here; 410: claim over).",
     ["code"],
 )
+CLAIM_TLS_READY = Gauge(
+    "agentq_claim_tls_ready",
+    "1 while the claim port serves TLS with a loaded certificate; 0 while it has "
+    "none to serve (handshakes refused), and when the claim port is off or plain HTTP.",
+)
+CLAIM_TLS_NOT_AFTER = Gauge(
+    "agentq_claim_tls_not_after_seconds",
+    "Expiry (Unix time) of the claim port's served TLS certificate; 0 when unknown.",
+)
+CLAIM_TLS_RELOADS = Counter(
+    "agentq_claim_tls_reloads_total",
+    "Loads of the claim port's TLS certificate and key from their files, by result "
+    "(error: the previous pair, if any, is still served).",
+    ["result"],
+)
 
 
 def forget_worker(namespace: str, worker: str) -> None:

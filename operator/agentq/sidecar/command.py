@@ -74,6 +74,10 @@ class SidecarConfig:
     # and the projected token (audience agentq.dev/operator) that authenticates us there.
     operator_url: str | None = None
     operator_token_file: str = DEFAULT_OPERATOR_TOKEN_FILE
+    # With an https:// operator_url: the CA bundle its certificate must chain to, and
+    # the name it must carry when not the URL's host.
+    operator_ca_file: str | None = None
+    operator_server_name: str | None = None
     # The pod (name is identity) that owns the registered AgentWorker: garbage-collected
     # with it. For a pool whose workers are its pods (docs/autoscaling.md).
     owner_pod_uid: str | None = None
@@ -117,10 +121,22 @@ class Sidecar:
         self.attempts = Attempts(namespace=config.namespace, worker=config.worker)
         self.changes = Changes()
         self.claims = (
-            OperatorClaims(config.operator_url, config.operator_token_file)
+            OperatorClaims(
+                config.operator_url,
+                config.operator_token_file,
+                ca_file=config.operator_ca_file,
+                server_name=config.operator_server_name,
+            )
             if config.operator_url
             else None
         )
+        if config.operator_url and config.operator_url.startswith("http://"):
+            log.warning(
+                "--operator-url %s is plain HTTP: cross-namespace tasks' payloads and this "
+                "worker's operator token cross the pod network in clear text; serve the "
+                "claim port over TLS and give --operator-ca-file (docs/security.md)",
+                config.operator_url,
+            )
         self.keeper = WorkerLeaseKeeper(
             self.api,
             self.clock,
@@ -392,7 +408,8 @@ async def serve(config: SidecarConfig) -> None:
 @click.option(
     "--operator-url",
     envvar="AGENTQ_OPERATOR_URL",
-    help="the operator's claim API (e.g. http://agentq-operator-claims.agentq-system.svc:8444), "
+    help="the operator's claim API (e.g. https://agentq-operator-claims.agentq-system.svc:8444, "
+    "with --operator-ca-file), "
     "where the tasks of cross-namespace claims are read; unset: such claims are not served "
     "[AGENTQ_OPERATOR_URL]",
 )
@@ -403,6 +420,19 @@ async def serve(config: SidecarConfig) -> None:
     show_default=True,
     help="a projected ServiceAccount token of audience agentq.dev/operator, read for every "
     "claim read (it rotates) [AGENTQ_OPERATOR_TOKEN_FILE]",
+)
+@click.option(
+    "--operator-ca-file",
+    envvar="AGENTQ_OPERATOR_CA_FILE",
+    help="with an https --operator-url: the PEM CA bundle the operator's certificate must "
+    "chain to (the only CA trusted; re-read when it changes); required for https "
+    "[AGENTQ_OPERATOR_CA_FILE]",
+)
+@click.option(
+    "--operator-server-name",
+    envvar="AGENTQ_OPERATOR_SERVER_NAME",
+    help="the name the operator's certificate must carry, when not --operator-url's host "
+    "[AGENTQ_OPERATOR_SERVER_NAME]",
 )
 @click.option(
     "--owner-pod-uid",
@@ -433,6 +463,8 @@ def sidecar(
     shutdown_seconds: float,
     operator_url: str | None,
     operator_token_file: str,
+    operator_ca_file: str | None,
+    operator_server_name: str | None,
     owner_pod_uid: str | None,
     log_level: str,
 ) -> None:
@@ -465,6 +497,13 @@ def sidecar(
         spec = wanted
     elif weight is not None or max_in_flight is not None:
         raise click.UsageError("--weight and --max-in-flight need --capabilities")
+    url = _operator_url(operator_url)
+    if url is not None and url.startswith("https://") and not operator_ca_file:
+        raise click.UsageError(
+            f"--operator-url {url} is https: give --operator-ca-file, the CA bundle of the "
+            "operator's certificate (the chart's ConfigMap agentq-operator-ca; "
+            "docs/security.md), so that the operator is verified"
+        )
     config = SidecarConfig(
         worker=worker,
         namespace=namespace or default_namespace(),
@@ -478,8 +517,10 @@ def sidecar(
         token_file=token_file,
         metrics_host=metrics_host,
         metrics_port=metrics_port,
-        operator_url=_operator_url(operator_url),
+        operator_url=url,
         operator_token_file=operator_token_file,
+        operator_ca_file=operator_ca_file or None,
+        operator_server_name=operator_server_name or None,
         owner_pod_uid=owner_pod_uid or None,
     )
     try:

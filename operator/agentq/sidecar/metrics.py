@@ -58,7 +58,9 @@ AGENT_ERRORS = Counter(
 CLAIM_READS = Counter(
     "agentq_sidecar_claim_reads_total",
     "Reads of cross-namespace claims' tasks from the operator, by answer: the HTTP status "
-    "(200; 403 refused, 404 not known yet, 410 ended, ...), or 'error' without one.",
+    "(200; 403 refused, 404 not known yet, 410 ended, ...), 'tls' when no TLS connection "
+    "was made (the operator's certificate refused, or no CA bundle to trust), or 'error' "
+    "without an answer.",
     ["code"],
     registry=REGISTRY,
 )

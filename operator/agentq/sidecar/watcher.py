@@ -211,7 +211,7 @@ class TaskLeaseWatcher:
                 self._activate(attempt, task)
                 return
             except ClaimError as err:
-                metrics.CLAIM_READS.labels(code=str(err.status) if err.status else "error").inc()
+                metrics.CLAIM_READS.labels(code=err.code).inc()
                 if err.status == 410:
                     self.attempts.drop(attempt, f"the operator says the claim ended: {err.message}")
                     self.changes.notify()
@@ -225,6 +225,12 @@ class TaskLeaseWatcher:
                         "the operator refused to hand over claim %s (HTTP %s: %s); retrying",
                         attempt.lease_name,
                         err.status,
+                        err.message,
+                    )
+                elif err.tls:
+                    log.error(
+                        "reading claim %s from the operator: %s; retrying",
+                        attempt.lease_name,
                         err.message,
                     )
                 else:
