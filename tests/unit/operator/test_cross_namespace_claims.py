@@ -121,6 +121,33 @@ async def test_tasks_of_two_teams_run_on_the_pool_and_succeed() -> None:
 
 
 @run
+async def test_the_lookup_names_the_pod_that_owns_a_pool_worker() -> None:
+    """A pool's per-pod worker (docs/autoscaling.md) is owned by its pod: the claim
+    API's lookup says which, so only that pod's token reads the worker's claims; a
+    worker no pod owns says none, and an owner changed (by a person) is followed."""
+    h = Harness()
+    await fleet(h)
+    h.kube.edit(
+        "agentworkers",
+        NS,
+        "w1",
+        lambda b: b["metadata"].__setitem__(
+            "ownerReferences",
+            [{"apiVersion": "v1", "kind": "Pod", "name": "w1", "uid": "pod-uid-1"}],
+        ),
+    )
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    lease = protocol.cross_task_lease_name(TEAM_A, "a1")
+    ref = h.controller.claim_ref(NS, lease)
+    assert ref is not None and (ref.worker, ref.worker_pod_uid) == ("w1", "pod-uid-1")
+    h.kube.edit("agentworkers", NS, "w1", lambda b: b["metadata"].pop("ownerReferences"))
+    await h.settle()
+    ref = h.controller.claim_ref(NS, lease)
+    assert ref is not None and ref.worker_pod_uid is None
+
+
+@run
 async def test_a_foreign_claim_whose_holder_stops_renewing_is_reclaimed() -> None:
     h = Harness()
     await fleet(h, slots=1, workers=2)
