@@ -13,7 +13,9 @@ visibility timeout, and prints one line per figure (``--json`` for the raw numbe
 4. poison task: an agent that fails every attempt; attempts, and where it ends
 5. tenants: 900 tasks of tenant A, then 100 of tenant B, one shared pool; B's share of
    the first 100 completions (``tenants_queues``: the same, each tenant's tasks naming
-   its own AgentQueue of weight 1)
+   its own AgentQueue of weight 1; ``tenants_xns``: the same with each tenant's tasks in
+   its own namespace and the pool in a third, the claims read through the operator's
+   claim API)
 6. throughput: no-op tasks completed per second
 
 The machine is shared and small: figures are for this run, with the command.
@@ -35,7 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
 from agentq import GROUP, VERSION
+from agentq.controlplane.cluster import free_port
 from agentq.demo import Demo
 from agentq.ops.render import console
 
@@ -172,19 +177,56 @@ def poison(kubeconfig: str, workdir: Path) -> dict[str, Any]:
         s.close()
 
 
+def _claim_token(d: Demo, worker: str) -> Path:
+    """Worker ``worker``'s ServiceAccount (agentq-agent-<worker>, the pool's namespace)
+    and a token of it for the operator's claim API (audience agentq.dev/operator), as
+    the projected volume of manifests/agent/ holds it."""
+    account = f"agentq-agent-{worker}"
+    d.core.create_namespaced_service_account(
+        d.namespace, client.V1ServiceAccount(metadata=client.V1ObjectMeta(name=account))
+    )
+    issued = d.core.create_namespaced_service_account_token(
+        account,
+        d.namespace,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=["agentq.dev/operator"], expiration_seconds=3600
+            )
+        ),
+    )
+    path = d.workdir / f"claims-token-{worker}"
+    path.write_text(str(issued.status.token))
+    return path
+
+
 def tenants(
-    kubeconfig: str, workdir: Path, first: int = 900, second: int = 100, queues: bool = False
+    kubeconfig: str,
+    workdir: Path,
+    first: int = 900,
+    second: int = 100,
+    queues: bool = False,
+    cross_namespace: bool = False,
 ) -> dict[str, Any]:
     """Tenant A's ``first`` tasks, then B's ``second`` after A's first 20 completions, on
     one pool of 4 workers x 5 slots (0.3 s of work each): B's share of the completions
     while both have a backlog. ``queues``: each tenant's tasks name its own AgentQueue
     (weights 1:1, the pool in the tasks' namespace, docs/tenancy.md); without, one
-    namespace's oldest first."""
-    s = Scenario(kubeconfig, workdir, "tenants-q" if queues else "tenants")
+    namespace's oldest first. ``cross_namespace`` (with ``queues``): each tenant's tasks
+    in a namespace of its own, the pool in a third; the sidecars read the claims'
+    tasks from the operator's claim API on their workers' own tokens."""
+    label = "tenants-x" if cross_namespace else "tenants-q" if queues else "tenants"
+    s = Scenario(kubeconfig, workdir, label)
     made: list[str] = []
+    homes: dict[str, str] = {}
     try:
         d = s.demo
         spec: dict[str, dict[str, Any]] = {"a": {}, "b": {}}
+        for tenant in spec:
+            homes[tenant] = f"{d.namespace}-{tenant}" if cross_namespace else d.namespace
+            if cross_namespace:
+                d.core.create_namespace(
+                    client.V1Namespace(metadata=client.V1ObjectMeta(name=homes[tenant]))
+                )
         if queues:
             for tenant in spec:
                 name = f"{d.namespace}-{tenant}"
@@ -199,7 +241,7 @@ def tenants(
                         "spec": {
                             "weight": 1,
                             "namespaceSelector": {
-                                "matchLabels": {"kubernetes.io/metadata.name": d.namespace}
+                                "matchLabels": {"kubernetes.io/metadata.name": homes[tenant]}
                             },
                             "workerNamespace": d.namespace,
                         },
@@ -207,36 +249,68 @@ def tenants(
                 )
                 made.append(name)
                 spec[tenant] = {"queue": name}
+        port = free_port()
         for i in range(4):
             d.worker(f"w{i}", ["llm"], 1, 5)
-            d.start_agent(f"w{i}", "complete", work_seconds=0.3)
-        d.start_operator()
+            flags: dict[str, Any] = {}
+            if cross_namespace:
+                flags = {
+                    "operator_url": f"http://127.0.0.1:{port}",
+                    "operator_token_file": str(_claim_token(d, f"w{i}")),
+                }
+            d.start_agent(f"w{i}", "complete", work_seconds=0.3, sidecar_flags=flags)
+        if cross_namespace:
+            d.start_operator(
+                *[f for ns in homes.values() for f in ("--namespace", ns)],
+                "--claim-port",
+                str(port),
+            )
+        else:
+            d.start_operator()
+
+        def make(tenant: str, i: int) -> None:
+            if not cross_namespace:
+                d.task(f"{tenant}-{i:04d}", 1, ["llm"], leaseDurationSeconds=LEASE, **spec[tenant])
+                return
+            d.custom.create_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                homes[tenant],
+                "agenttasks",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "AgentTask",
+                    "metadata": {"name": f"{tenant}-{i:04d}"},
+                    "spec": {
+                        "requiredCapabilities": ["llm"],
+                        "cost": 1,
+                        "leaseDurationSeconds": LEASE,
+                        "payload": {"prompt": f"do {tenant}-{i:04d}"},
+                        **spec[tenant],
+                    },
+                },
+            )
 
         def submit(tenant: str, count: int) -> None:
             with ThreadPoolExecutor(8) as pool:
-                list(
-                    pool.map(
-                        lambda i: d.task(
-                            f"{tenant}-{i:04d}",
-                            1,
-                            ["llm"],
-                            leaseDurationSeconds=LEASE,
-                            **spec[tenant],
-                        ),
-                        range(count),
-                    )
-                )
+                list(pool.map(lambda i: make(tenant, i), range(count)))
+
+        def all_tasks() -> list[dict[str, Any]]:
+            return [t for ns in sorted(set(homes.values())) for t in d.cluster.tasks(ns)]
 
         def done_count() -> int:
-            return sum(1 for t in d.cluster.tasks(d.namespace) if _phase(t) == "Succeeded")
+            return sum(1 for t in all_tasks() if _phase(t) == "Succeeded")
 
+        started = time.monotonic()
         submit("a", first)
         _wait("A's first 20 completions", lambda: done_count() >= 20, 600)
         submit("b", second)
         _wait("all done", lambda: done_count() >= first + second, 1800)
+        took = time.monotonic() - started
+        tasks = all_tasks()
         # finishedAt has whole seconds: within one, the order of the grants (tokens).
         done = sorted(
-            d.cluster.tasks(d.namespace),
+            tasks,
             key=lambda t: (t["status"]["finishedAt"], int(t["status"].get("fencingToken") or 0)),
         )
         names = [t["metadata"]["name"] for t in done]
@@ -247,6 +321,12 @@ def tenants(
         window = names[first_b : min(last_a, last_b) + 1]
         return {
             "queues": queues,
+            "cross_namespace": cross_namespace,
+            "seconds": round(took, 1),
+            "reclaims": sum(int(t["status"].get("reclaims") or 0) for t in tasks),
+            "worker_namespaces": sorted(
+                {str(t["status"].get("workerNamespace") or d.namespace) for t in tasks}
+            ),
             "completions_while_both_backlogged": len(window),
             "tenant_b_share_while_both_backlogged": round(
                 sum(1 for n in window if n.startswith("b-")) / max(1, len(window)), 3
@@ -256,6 +336,8 @@ def tenants(
         s.close()
         for name in made:
             s.demo.custom.delete_cluster_custom_object(GROUP, VERSION, "agentqueues", name)
+        for ns in set(homes.values()) - {s.demo.namespace}:
+            s.demo.core.delete_namespace(ns)
 
 
 def throughput(kubeconfig: str, workdir: Path, count: int = 400) -> dict[str, Any]:
@@ -328,6 +410,7 @@ def main() -> None:
         "poison": lambda: poison(args.kubeconfig, workdir),
         "tenants": lambda: tenants(args.kubeconfig, workdir),
         "tenants_queues": lambda: tenants(args.kubeconfig, workdir, queues=True),
+        "tenants_xns": lambda: tenants(args.kubeconfig, workdir, queues=True, cross_namespace=True),
         "throughput": lambda: throughput(args.kubeconfig, workdir),
     }
     results = {}

@@ -138,7 +138,7 @@ class Process:
 # Options of Fleet.agent that belong to the sidecar; the rest go to agent-sim.
 SIDECAR_OPTIONS = {"worker_lease_seconds", "shutdown_seconds", "capabilities", "weight"}
 SIDECAR_OPTIONS |= {"max_in_flight", "log_level", "operator_url", "operator_token_file"}
-SIDECAR_OPTIONS |= {"operator_ca_file", "operator_server_name"}
+SIDECAR_OPTIONS |= {"operator_ca_file", "operator_server_name", "owner_pod_uid"}
 
 
 @dataclass

@@ -133,6 +133,15 @@ def cross_task_lease_name(namespace: str, task: str) -> str:
     return _shorten(f"{XTASK_LEASE_PREFIX}{namespace}.{task}", 253)
 
 
+def cross_task_lease_fits(namespace: str, task: str) -> bool:
+    """Does the cross-namespace Lease name of task ``task`` of ``namespace`` fit an
+    object name (253 characters) whole? Always, for names the CRDs admit (a namespace
+    and a task name of at most 63 characters: 140); a task named longer (its CRD's
+    rule bypassed) would get a shortened name that names no task, so the operator
+    never grants one across namespaces (verdict ``TaskNameTooLong``)."""
+    return len(XTASK_LEASE_PREFIX) + len(namespace) + 1 + len(task) <= 253
+
+
 def split_cross_task(rest: str) -> tuple[str, str] | None:
     """``"<namespace>.<task>"`` (a cross-namespace Lease's name without its prefix) as
     ``(namespace, task)``; None if it has no dot or an empty side. A shortened name

@@ -342,6 +342,9 @@ class WorkerView:
     spec: AgentWorkerSpec | None  # None: it does not fit the schema (``problem`` says why)
     status: AgentWorkerStatus
     problem: Problem | None = None
+    # The UID of the Pod that owns it (a pool's per-pod worker, docs/autoscaling.md):
+    # the claim API gives such a worker's claims to that pod's token alone.
+    owner_pod_uid: str | None = None
 
     @property
     def key(self) -> Key:
@@ -372,7 +375,21 @@ def worker_view(body: Mapping[str, Any]) -> WorkerView:
         spec=spec,
         status=status,
         problem=problem,
+        owner_pod_uid=_owner_pod_uid(meta),
     )
+
+
+def _owner_pod_uid(meta: Mapping[str, Any]) -> str | None:
+    """The UID of the (core v1) Pod among the object's owners, if exactly one is."""
+    uids = {
+        str(ref.get("uid"))
+        for ref in meta.get("ownerReferences") or []
+        if isinstance(ref, Mapping)
+        and ref.get("kind") == "Pod"
+        and ref.get("apiVersion") == "v1"
+        and ref.get("uid")
+    }
+    return uids.pop() if len(uids) == 1 else None
 
 
 # -- AgentQueue, AgentBudget and Namespace (cluster-scoped) ---------------------------

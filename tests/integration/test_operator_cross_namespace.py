@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from accounts import kubeconfig_for_token, token
+from accounts import bound_pod, create_account, kubeconfig_for_token, token
 from agentq import GROUP, VERSION, protocol
 from agentq.controlplane.cluster import free_port
 from agentq.operator.claim_api import AUDIENCE
@@ -251,3 +251,105 @@ def _config_for(kubeconfig: Path) -> client.Configuration:
     configuration = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
     return configuration
+
+
+def test_a_pool_pod_takes_foreign_claims_of_the_worker_it_registered_alone(
+    control_plane: ControlPlane,
+    agentq_installed: None,
+    fleet: Fleet,
+    teams: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """An autoscaled pool (docs/autoscaling.md): every pod runs under one account,
+    agentq-pool-<pool>, and is the worker named after itself, registered by its sidecar
+    and owned by the pod. The pod's sidecar, on tokens bound to the pod (TokenRequest),
+    reads its worker's claims of both teams' tasks through the claim API and runs
+    them; another pod of the pool, and a pool token bound to no pod, are refused."""
+    ns = fleet.namespace
+    core = client.CoreV1Api(control_plane.api_client())
+    account = "agentq-pool-p"
+    create_account(core, ns, account)
+    client.RbacAuthorizationV1Api(control_plane.api_client()).create_namespaced_role_binding(
+        ns,
+        client.V1RoleBinding(
+            metadata=client.V1ObjectMeta(name=account),
+            role_ref=client.V1RoleRef(
+                api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="agentq-agent"
+            ),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=account)],
+        ),
+    )
+    pods = {name: bound_pod(core, ns, account, name) for name in ("p-abc12", "p-def34")}
+    claim_tokens = {}
+    for name, pod in pods.items():
+        claim_tokens[name] = tmp_path / f"{name}.claims.token"
+        claim_tokens[name].write_text(token(core, ns, account, pod=pod, audiences=[AUDIENCE]))
+    claim_tokens["unbound"] = tmp_path / "unbound.claims.token"
+    claim_tokens["unbound"].write_text(token(core, ns, account, audiences=[AUDIENCE]))
+    pool = Pool(control_plane, fleet, tmp_path)
+    pod = pods["p-abc12"]
+    kubeconfig = kubeconfig_for_token(
+        control_plane.kubeconfig, token(core, ns, account, pod=pod), tmp_path / "pod.kubeconfig"
+    )
+    fleet.agent(
+        "p-abc12",
+        "complete",
+        kubeconfig=str(kubeconfig),
+        identity="p-abc12",
+        operator_url=pool.url,
+        operator_token_file=str(claim_tokens["p-abc12"]),
+        capabilities="llm",
+        max_in_flight=2,
+        owner_pod_uid=pod.metadata.uid,
+        work_seconds=6,  # long enough to ask the claim API while both run
+    )
+    pool.operator(teams)
+    team_a, team_b = teams
+    for team in teams:
+        team_task(fleet, team, "job", payload={"team": team})
+    for team in teams:
+        until(
+            f"{team}/job Running on the pool pod",
+            lambda team=team: (
+                (read(fleet, team, "job").get("status") or {}).get("phase") == "Running"
+            ),
+            fleet,
+        )
+    registered = fleet.custom.get_namespaced_custom_object(
+        GROUP, VERSION, ns, "agentworkers", "p-abc12"
+    )
+    assert [(o["kind"], o["uid"]) for o in registered["metadata"]["ownerReferences"]] == [
+        ("Pod", pod.metadata.uid)
+    ]
+    st = read(fleet, team_a, "job")["status"]
+    assert (st["worker"], st["workerNamespace"]) == ("p-abc12", ns), st
+    lease = protocol.cross_task_lease_name(team_a, "job")
+
+    async def ask(name: str) -> Any:
+        claims = OperatorClaims(pool.url, str(claim_tokens[name]))
+        try:
+            return await claims.read(ns, lease)
+        except ClaimError as err:
+            return (err.status, err.message)
+        finally:
+            await claims.close()
+
+    mine = asyncio.run(ask("p-abc12"))
+    assert mine["spec"]["payload"] == {"team": team_a}, mine
+    other = asyncio.run(ask("p-def34"))
+    assert other[0] == 403 and "not yours" in other[1], other
+    unbound = asyncio.run(ask("unbound"))
+    assert unbound[0] == 403 and "bound to no pod" in unbound[1], unbound
+    # The agent reports: both teams' tasks succeed on the pod's worker.
+    for team in (team_a, team_b):
+        final = until(
+            f"{team}/job Succeeded",
+            lambda team=team: (
+                (s := read(fleet, team, "job").get("status") or {}).get("phase") == "Succeeded"
+                and s
+            ),
+            fleet,
+            timeout=120,
+        )
+        assert final["worker"] == "p-abc12", final
+    until("no claim Lease left", lambda: not xleases(fleet), fleet, timeout=30)

@@ -12,11 +12,16 @@ sidecar may not read the team's AgentTasks, so the operator hands the task over:
    cached for ``REVIEW_SECONDS`` by the token's SHA-256, at most
    ``REVIEW_CACHE_SIZE`` of them; concurrent requests with one token share one
    review): the user must be ``system:serviceaccount:<lease namespace>:agentq-agent-<worker>``,
-   else 403 (a token of another audience, another namespace's account, not an
-   agent's account);
+   or ``system:serviceaccount:<lease namespace>:agentq-pool-<pool>`` with a token
+   bound to a pod (an autoscaled pool, docs/autoscaling.md): the worker is then the
+   pod's name, as the admission policy ``agentq-agent-writes`` has it; else 403 (a
+   token of another audience, another namespace's account, not an agent's account,
+   a pool token bound to no pod);
 3. the claim, from the injected lookup (the controller's store): none, 404 (this
    replica has not seen the Lease yet, or the claim is over: the sidecar tries
-   again while its attempt is current); another worker's, 403;
+   again while its attempt is current); another worker's, 403; for a pool pod, a
+   worker not owned by that very pod (the token's pod UID against the AgentWorker's
+   owner reference), 403;
 4. the AgentTask, read now (a quorum read): gone, or another object of that name
    (its UID), or already granted again (a higher ``status.fencingToken``): 410.
 
@@ -55,6 +60,10 @@ log = logging.getLogger("agentq.operator.claims")
 
 AUDIENCE = "agentq.dev/operator"
 AGENT_ACCOUNT_PREFIX = "agentq-agent-"
+POOL_ACCOUNT_PREFIX = "agentq-pool-"
+# What the API server says of a token bound to a pod (TokenReview status.user.extra).
+EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
+EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
 REVIEW_SECONDS = 60.0
 REVIEW_CACHE_SIZE = 4096
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -74,6 +83,9 @@ class ClaimRef:
     task_uid: str
     worker: str
     token: int
+    # The UID of the Pod owning the worker's AgentWorker (a pool's per-pod worker),
+    # None when no pod owns it.
+    worker_pod_uid: str | None = None
 
 
 class ClaimLookup(Protocol):
@@ -89,11 +101,14 @@ def no_claims(lease_namespace: str, lease_name: str) -> ClaimRef | None:
 
 @dataclass(frozen=True)
 class Review:
-    """What a TokenReview said: the account's namespace and worker, or why not."""
+    """What a TokenReview said: the account's namespace and worker, or why not.
+    ``pod_uid``: a pool account's, the pod its token is bound to (the worker is that
+    pod's name and must be owned by it); None for an ``agentq-agent-`` account."""
 
     namespace: str | None = None
     worker: str | None = None
     refusal: str = ""
+    pod_uid: str | None = None
 
 
 class Unavailable(Exception):
@@ -110,6 +125,31 @@ def agent_of(username: str) -> tuple[str, str] | None:
     if not namespace or worker == account or not worker:
         return None
     return namespace, worker
+
+
+def pool_pod_of(username: str, extra: Any) -> tuple[str, str, str] | None:
+    """``(namespace, pod name, pod UID)`` of
+    ``system:serviceaccount:<namespace>:agentq-pool-<pool>`` whose token is bound to a
+    pod (``extra``: the TokenReview's ``user.extra``)."""
+    parts = username.split(":")
+    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+        return None
+    namespace, account = parts[2], parts[3]
+    if not namespace or not account.startswith(POOL_ACCOUNT_PREFIX):
+        return None
+    if account == POOL_ACCOUNT_PREFIX or not isinstance(extra, dict):
+        return None
+
+    def one(key: str) -> str:
+        values = extra.get(key)
+        if not isinstance(values, list) or len(values) != 1 or not isinstance(values[0], str):
+            return ""
+        return values[0]
+
+    name, uid = one(EXTRA_POD_NAME), one(EXTRA_POD_UID)
+    if not name or not uid:
+        return None
+    return namespace, name, uid
 
 
 def _error(code: int, error: str, message: str) -> web.Response:
@@ -203,6 +243,20 @@ class ClaimApi:
                 review.worker,
             )
             return _error(403, "Forbidden", f"the claim of {namespace}/{name} is not yours")
+        if review.pod_uid is not None and ref.worker_pod_uid != review.pod_uid:
+            log.warning(
+                "claim %s/%s refused: AgentWorker %s is not owned by the asking pod (UID %s)",
+                namespace,
+                name,
+                ref.worker,
+                review.pod_uid,
+            )
+            return _error(
+                403,
+                "Forbidden",
+                f"the claim of {namespace}/{name} is not yours: AgentWorker {ref.worker} "
+                "is not owned by your pod",
+            )
         try:
             task = await self._task(ref)
         except Unavailable as err:
@@ -303,12 +357,26 @@ class ClaimApi:
             return Review(refusal=f"the token is not valid for audience {AUDIENCE}: {why}")
         if AUDIENCE not in (status.get("audiences") or []):
             return Review(refusal=f"the token is not for audience {AUDIENCE}")
-        username = str((status.get("user") or {}).get("username") or "")
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        parts = username.split(":")
+        if (
+            len(parts) == 4
+            and parts[:2] == ["system", "serviceaccount"]
+            and parts[3].startswith(POOL_ACCOUNT_PREFIX)
+        ):
+            pod = pool_pod_of(username, user.get("extra"))
+            if pod is None:
+                return Review(
+                    refusal=f"{username}: a pool account's token bound to no pod is no worker"
+                )
+            return Review(namespace=pod[0], worker=pod[1], pod_uid=pod[2])
         agent = agent_of(username)
         if agent is None:
             return Review(
                 refusal=f"{username or 'the caller'} is not an agent's ServiceAccount "
-                f"({AGENT_ACCOUNT_PREFIX}<worker>)"
+                f"({AGENT_ACCOUNT_PREFIX}<worker>, or {POOL_ACCOUNT_PREFIX}<pool> bound "
+                "to a pod)"
             )
         return Review(namespace=agent[0], worker=agent[1])
 
@@ -400,4 +468,5 @@ __all__ = [
     "Review",
     "agent_of",
     "no_claims",
+    "pool_pod_of",
 ]

@@ -467,12 +467,14 @@ class Controller:
             or (view.task_uid is not None and view.task_uid != task.uid)
         ):
             return None
+        record = self.store.workers.get((lease_namespace, worker))
         return ClaimRef(
             task_namespace=task.namespace,
             task_name=task.name,
             task_uid=task.uid,
             worker=worker,
             token=status.fencing_token,
+            worker_pod_uid=record.view.owner_pod_uid if record is not None else None,
         )
 
     # -- for tests and the benchmark ----------------------------------------------------

@@ -95,7 +95,14 @@ def verdict_of(view: TaskView, topo: Topology, store: Store) -> Verdict | None:
     queue = view.spec.queue
     if queue is None:
         return None
-    return judge(view.namespace, queue, topo, store.namespace_labels(view.namespace), store.watched)
+    return judge(
+        view.namespace,
+        queue,
+        topo,
+        store.namespace_labels(view.namespace),
+        store.watched,
+        view.name,
+    )
 
 
 def backoff_end(record: TaskRecord, *, now: float, wall: datetime) -> float | None:

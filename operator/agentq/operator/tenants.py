@@ -8,7 +8,8 @@
 - ``judge``: a pending task's verdict on the queue it names (``docs/tenancy.md``):
   None (admitted: it waits in the lane ``(namespace, queue)``) or why it may not
   be dispatched (``QueueNotFound``, ``QueueForbidden``, ``QueueNotLeaf``,
-  ``QueueNotAttached``, ``NoWorkerNamespace``, ``NamespaceNotWatched``).
+  ``QueueNotAttached``, ``NoWorkerNamespace``, ``NamespaceNotWatched``,
+  ``TaskNameTooLong``).
   ``Indexes`` keeps the verdicts; ``invariants`` judges them again from the
   records with this same rule.
 - ``QueueLevel``: the first level of dispatch, a ``scheduler.tenancy.QueueTree``
@@ -27,6 +28,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from agentq import protocol
 from agentq.models import AgentQueueSpec
 from agentq.operator.queue import Lane, PendingQueue
 from agentq.scheduler.tenancy import Charge, QueueSpec, QueueTree
@@ -43,6 +45,7 @@ __all__ = [
     "QUEUE_NOT_ATTACHED",
     "QUEUE_NOT_FOUND",
     "QUEUE_NOT_LEAF",
+    "TASK_NAME_TOO_LONG",
     "QueueLevel",
     "Topology",
     "Verdict",
@@ -59,6 +62,9 @@ NO_WORKER_NAMESPACE = "NoWorkerNamespace"
 # Said by operators before cross-namespace claims (kept for the CLI's hints).
 CROSS_NAMESPACE = "CrossNamespaceNotSupported"
 NAMESPACE_NOT_WATCHED = "NamespaceNotWatched"
+# A task whose claim's Lease name across namespaces would not fit whole (253
+# characters): only a task named past its CRD's 63-character rule.
+TASK_NAME_TOO_LONG = "TaskNameTooLong"
 
 # Why a queue is detached (its Attached condition's reason).
 PARENT_NOT_FOUND = "ParentNotFound"
@@ -171,10 +177,11 @@ def judge(
     topo: Topology,
     labels: Mapping[str, str],
     watched: tuple[str, ...] = (),
+    task: str = "",
 ) -> Verdict | None:
-    """May a pending task of ``namespace`` (whose labels are ``labels``) be dispatched
-    through ``queue``, by an operator watching ``watched`` (empty: every namespace)?
-    None: yes; else (reason, message)."""
+    """May a pending task ``task`` of ``namespace`` (whose labels are ``labels``) be
+    dispatched through ``queue``, by an operator watching ``watched`` (empty: every
+    namespace)? None: yes; else (reason, message)."""
     spec = topo.specs.get(queue)
     if spec is None:
         return QUEUE_NOT_FOUND, f"AgentQueue {queue} does not exist (or its spec is invalid)"
@@ -198,6 +205,17 @@ def judge(
             NAMESPACE_NOT_WATCHED,
             f"AgentQueue {queue}'s workers are in namespace {spec.worker_namespace}, which "
             f"this operator does not watch (it watches {', '.join(watched)})",
+        )
+    if (
+        task
+        and spec.worker_namespace != namespace
+        and not protocol.cross_task_lease_fits(namespace, task)
+    ):
+        return (
+            TASK_NAME_TOO_LONG,
+            f"the name of its claim's Lease in namespace {spec.worker_namespace} "
+            f"({protocol.XTASK_LEASE_PREFIX}{namespace}.<task>) would be over 253 characters: "
+            "name the task with at most 63 characters (the AgentTask CRD's rule)",
         )
     return None
 

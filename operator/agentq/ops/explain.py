@@ -36,6 +36,7 @@ Finding codes (stable; ``-o json`` shows them):
 ``QueueNotAttached``      ``Queued: False``: the queue's parent is missing, or its parents cycle
 ``NoWorkerNamespace``     ``Queued: False``: the queue names no workerNamespace
 ``NamespaceNotWatched``   ``Queued: False``: the operator does not watch the workerNamespace
+``TaskNameTooLong``       ``Queued: False``: its claim's Lease name across namespaces would not fit
 ``CrossNamespace...``     ``Queued: False``: (an older operator) workers in another namespace
 ``NotQueued``             ``Queued: False`` for a reason this CLI does not know
 ``BudgetNotFound``        ``Budgeted: False``: an AgentBudget it names does not exist
@@ -379,6 +380,10 @@ _VERDICT_HINTS = {
     "NamespaceNotWatched": (
         "the operator watches only some namespaces (--namespace): ask its admin to add "
         "AgentQueue {queue}'s workerNamespace"
+    ),
+    "TaskNameTooLong": (
+        "submit it again with a name of at most 63 characters (the AgentTask CRD's rule), "
+        "so its claim's Lease in the queue's workerNamespace can be named after it"
     ),
     "CrossNamespaceNotSupported": (
         "claims across namespaces are not built yet: submit it in the queue's "

@@ -25,6 +25,7 @@ from agentq.operator.claim_api import (
     ClaimRef,
     agent_of,
     no_claims,
+    pool_pod_of,
 )
 from harness import run
 
@@ -40,6 +41,20 @@ def account(namespace: str, name: str) -> Body:
     return {
         "authenticated": True,
         "user": {"username": f"system:serviceaccount:{namespace}:{name}"},
+        "audiences": [AUDIENCE],
+    }
+
+
+def pool_pod(namespace: str, pod: str | None, uid: str | None) -> Body:
+    """A TokenReview of pool account agentq-pool-p's token, bound to ``pod`` if given."""
+    extra: Body = {}
+    if pod is not None:
+        extra["authentication.kubernetes.io/pod-name"] = [pod]
+    if uid is not None:
+        extra["authentication.kubernetes.io/pod-uid"] = [uid]
+    return {
+        "authenticated": True,
+        "user": {"username": f"system:serviceaccount:{namespace}:agentq-pool-p", "extra": extra},
         "audiences": [AUDIENCE],
     }
 
@@ -71,6 +86,12 @@ class FakeApiServer:
                 "user": {"username": "kubernetes-admin"},
                 "audiences": [AUDIENCE],
             },
+            "pod-1-token": pool_pod(POOL, "p-1", "pod-uid-1"),
+            "pod-1-again-token": pool_pod(POOL, "p-1", "pod-uid-9"),  # same name, new pod
+            "pod-2-token": pool_pod(POOL, "p-2", "pod-uid-2"),
+            "pod-1-elsewhere-token": pool_pod("elsewhere", "p-1", "pod-uid-1"),
+            "unbound-pool-token": pool_pod(POOL, None, None),
+            "no-uid-pool-token": pool_pod(POOL, "p-1", None),
             "no-audience-token": {
                 "authenticated": True,
                 "user": {"username": f"system:serviceaccount:{POOL}:agentq-agent-w1"},
@@ -294,3 +315,75 @@ def test_an_agent_account_names_its_namespace_and_worker() -> None:
     ):
         assert agent_of(name) is None, name
     assert no_claims(POOL, LEASE) is None
+
+
+POD_REF = ClaimRef(
+    task_namespace="team-a",
+    task_name="job",
+    task_uid="uid-1",
+    worker="p-1",
+    token=7,
+    worker_pod_uid="pod-uid-1",
+)
+
+
+@run
+async def test_a_pool_pod_reads_the_claims_of_the_worker_it_is_and_owns_alone() -> None:
+    """An autoscaled pool's pods share account agentq-pool-<pool> (docs/autoscaling.md):
+    a pod's token is the worker named after the pod it is bound to (as the admission
+    policy has it), and only while that worker's AgentWorker is owned by that very pod
+    (its UID): not another pod of the pool, not a new pod of the same name, not a pool
+    token bound to no pod, not the pool's account of another namespace, not a pod whose
+    name is a worker no pod owns (a person's, or an agentq-agent- account's)."""
+    claims = Claims((POOL, LEASE, POD_REF))
+    async with serving(claims) as (client, _, _, _):
+        code, body = await ask(client, "pod-1-token")
+        assert code == 200, body
+        assert body["spec"]["payload"] == {"q": [1, 2]}
+        for token, why in [
+            ("pod-2-token", "not yours"),
+            ("pod-1-again-token", "not owned by your pod"),
+        ]:
+            code, body = await ask(client, token)
+            assert (code, body["error"]) == (403, "Forbidden"), token
+            assert why in body["message"], body
+        asked = len(claims.asked)
+        for token in ("pod-1-elsewhere-token", "unbound-pool-token", "no-uid-pool-token"):
+            code, body = await ask(client, token)
+            assert (code, body["error"]) == (403, "Forbidden"), token
+        assert len(claims.asked) == asked  # refused before any lookup
+        # An agentq-agent-<worker> account is not held to an owner.
+        assert (await ask(client, "w1-token"))[0] == 403  # p-1's claim, not w1's
+    static = ClaimRef(
+        task_namespace="team-a", task_name="job", task_uid="uid-1", worker="p-1", token=7
+    )
+    async with serving(Claims((POOL, LEASE, static))) as (client, _, _, _):
+        code, body = await ask(client, "pod-1-token")
+        assert (code, body["error"]) == (403, "Forbidden")
+        assert "not owned by your pod" in body["message"]
+    async with serving(Claims((POOL, LEASE, REF))) as (client, _, _, _):
+        assert (await ask(client, "w1-token"))[0] == 200  # no owner needed for an agent account
+
+
+def test_a_pool_account_names_its_namespace_pod_and_pod_uid() -> None:
+    bound = {
+        "authentication.kubernetes.io/pod-name": ["p-1"],
+        "authentication.kubernetes.io/pod-uid": ["u-1"],
+    }
+    assert pool_pod_of("system:serviceaccount:pool:agentq-pool-llm", bound) == (
+        "pool",
+        "p-1",
+        "u-1",
+    )
+    pool = "system:serviceaccount:pool:agentq-pool-llm"
+    for name, extra in [
+        (pool, {}),
+        (pool, None),
+        (pool, {**bound, "authentication.kubernetes.io/pod-uid": []}),
+        (pool, {**bound, "authentication.kubernetes.io/pod-name": ["a", "b"]}),
+        ("system:serviceaccount:pool:agentq-pool-", bound),
+        ("system:serviceaccount:pool:agentq-agent-w1", bound),
+        ("system:serviceaccount::agentq-pool-llm", bound),
+        ("agentq-pool-llm", bound),
+    ]:
+        assert pool_pod_of(name, extra) is None, (name, extra)

@@ -121,6 +121,64 @@ async def test_tasks_of_two_teams_run_on_the_pool_and_succeed() -> None:
 
 
 @run
+async def test_the_lookup_names_the_pod_that_owns_a_pool_worker() -> None:
+    """A pool's per-pod worker (docs/autoscaling.md) is owned by its pod: the claim
+    API's lookup says which, so only that pod's token reads the worker's claims; a
+    worker no pod owns says none, and an owner changed (by a person) is followed."""
+    h = Harness()
+    await fleet(h)
+    h.kube.edit(
+        "agentworkers",
+        NS,
+        "w1",
+        lambda b: b["metadata"].__setitem__(
+            "ownerReferences",
+            [{"apiVersion": "v1", "kind": "Pod", "name": "w1", "uid": "pod-uid-1"}],
+        ),
+    )
+    submit(h, TEAM_A, "a1")
+    await h.settle()
+    lease = protocol.cross_task_lease_name(TEAM_A, "a1")
+    ref = h.controller.claim_ref(NS, lease)
+    assert ref is not None and (ref.worker, ref.worker_pod_uid) == ("w1", "pod-uid-1")
+    h.kube.edit("agentworkers", NS, "w1", lambda b: b["metadata"].pop("ownerReferences"))
+    await h.settle()
+    ref = h.controller.claim_ref(NS, lease)
+    assert ref is not None and ref.worker_pod_uid is None
+
+
+@run
+async def test_a_task_whose_claim_lease_name_would_not_fit_is_held_and_says_why() -> None:
+    """A task named past the CRD's 63 characters (its rule bypassed: an older CRD, a
+    copy without it) would get a shortened Lease name across namespaces that names no
+    task (``Store.xleases`` and the sidecar read the task from the name): it is never
+    granted, and its condition says why; a long-named task whose queue's workers are
+    in its own namespace is not affected (its Lease is owned by it)."""
+    h = Harness()
+    await fleet(h)
+    h.queue(queue("qpool").selects().workers_in(NS))
+    long_name = "t" * (253 - len(protocol.XTASK_LEASE_PREFIX) - len(TEAM_A))  # 1 too many
+    assert not protocol.cross_task_lease_fits(TEAM_A, long_name)
+    assert protocol.cross_task_lease_fits(TEAM_A, long_name[:-1])
+    assert protocol.cross_task_lease_fits("n" * 63, "t" * 63)  # what the CRDs admit
+    submit(h, TEAM_A, long_name)
+    submit(h, TEAM_A, "a1")
+    h.kube.put(
+        "agenttasks",
+        task("x" * 250).requires("llm").queue("qpool").namespace(NS).obj(),
+    )
+    await h.settle()
+    st = status(h, TEAM_A, long_name)
+    assert st.get("phase", "Pending") == "Pending" and not st.get("worker"), st
+    (cond,) = [c for c in st.get("conditions") or [] if c["type"] == "Queued"]
+    assert (cond["status"], cond["reason"]) == ("False", "TaskNameTooLong"), cond
+    assert "253" in cond["message"]
+    assert status(h, TEAM_A, "a1")["phase"] == "Assigned"
+    assert status(h, NS, "x" * 250)["phase"] == "Assigned"
+    assert not [key for key in h.controller.store.xleases if key == (TEAM_A, long_name)]
+
+
+@run
 async def test_a_foreign_claim_whose_holder_stops_renewing_is_reclaimed() -> None:
     h = Harness()
     await fleet(h, slots=1, workers=2)

@@ -272,11 +272,17 @@ class Demo:
         (self.workdir / PIDFILE).write_text(json.dumps(entries, indent=2))
 
     def start_agent(
-        self, worker: str, behaviour: str = "complete", *, work_seconds: float | None = None
+        self,
+        worker: str,
+        behaviour: str = "complete",
+        *,
+        work_seconds: float | None = None,
+        sidecar_flags: dict[str, Any] | None = None,
     ) -> None:
         """An agent pod for ``worker``, as two processes: ``agentq sidecar`` (keeps the
         worker's Lease, renews the claims) and ``agentq agent-sim`` (does the work,
-        talking only to its sidecar over loopback HTTP)."""
+        talking only to its sidecar over loopback HTTP). ``sidecar_flags``: more of the
+        sidecar's options (``operator_url``, ``operator_token_file``)."""
         if work_seconds is None:
             work_seconds = WORK_SECONDS if behaviour == "complete" else 0.3
         sidecar, agent = agentsim.pair_commands(
@@ -287,7 +293,7 @@ class Demo:
             behaviour=behaviour,
             kubeconfig=self.kubeconfig,
             identity=f"{worker}-pod",  # a pair started again is the same pod restarted
-            sidecar_flags={"worker_lease_seconds": 4},
+            sidecar_flags={"worker_lease_seconds": 4, **(sidecar_flags or {})},
             agent_flags={"work_seconds": work_seconds},
         )
         self.agents[worker] = [
