@@ -202,18 +202,47 @@ def test_claim_tls_modes(home: Path) -> None:
 def test_the_autoscaled_pool_renders_manifests_examples_autoscaling(
     home: Path, kubectl: str
 ) -> None:
-    """autoscaledPool with its defaults, in namespace agentq-pool, is
-    manifests/examples/autoscaling/ but its Namespace (the release's, or made apart)."""
+    """autoscaledPool with its defaults but plain HTTP to the claim port, in namespace
+    agentq-pool, is manifests/examples/autoscaling/ but its Namespace (the release's, or
+    made apart)."""
     want = [
         o
         for o in manifests.kustomize(kubectl, manifests.MANIFESTS / "examples" / "autoscaling")
         if o["kind"] != "Namespace"
     ]
-    got = template(home, values={"autoscaledPool.enabled": "true"}, namespace="agentq-pool")
+    got = template(
+        home, values={"autoscaledPool.enabled": "true", **PLAIN}, namespace="agentq-pool"
+    )
     pool = [o for o in got if o["metadata"].get("namespace") == "agentq-pool"]
     for obj in pool:
         assert obj["metadata"]["labels"].pop("app.kubernetes.io/part-of") == "agentq"
     _assert_same_objects(want, pool)
+
+
+def test_the_autoscaled_pool_reads_claims_over_tls_by_default(home: Path) -> None:
+    """With TLS on (the default) a pool pod's sidecar reads cross-namespace claims as the
+    agent pool's does: https to the Service, trusting only the chart's CA, whose
+    ConfigMap the chart writes into the pool's namespace."""
+    objects = template(
+        home,
+        namespace="agentq-system",
+        values={"autoscaledPool.enabled": "true", "autoscaledPool.namespace": "pool-x"},
+    )
+    pod = _find(objects, "Deployment", "agent-pool-llm")["spec"]["template"]["spec"]
+    env = _env(pod["initContainers"][0])
+    assert env["AGENTQ_OPERATOR_URL"] == "https://agentq-operator-claims.agentq-system.svc:8444"
+    assert env["AGENTQ_OPERATOR_CA_FILE"] == "/var/run/secrets/agentq.dev/operator/ca.crt"
+    volume = next(v for v in pod["volumes"] if v["name"] == "agentq-operator-token")
+    sources = [s["configMap"]["name"] for s in volume["projected"]["sources"] if "configMap" in s]
+    assert sources == ["agentq-operator-ca"]
+    bundles = [
+        o
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "agentq-operator-ca"
+    ]
+    assert [b["metadata"]["namespace"] for b in bundles] == ["pool-x"]
+    secret = _generated_tls(objects)
+    assert bundles[0]["data"]["ca.crt"] == base64.b64decode(secret["data"]["ca.crt"]).decode()
 
 
 def test_the_autoscaled_pool_follows_its_values(home: Path) -> None:
