@@ -119,9 +119,11 @@ image: venv node-deps
 # Builds what it needs first (packages, kubelet, image, helm, KEDA).
 # Two runs, each on a cluster of its own: after the chart's uninstall the scenario's
 # backlog was once not fully assigned on the same cluster (under investigation).
+# Then two teams sharing one agent pool (e2e/test_tenancy.py), on a cluster of its own.
 e2e: venv node image helm keda
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py e2e/test_keda.py
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_scenario.py
+	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_tenancy.py
 
 # A release's artifacts into dist/release/<version>/ (tools/src/agentq/release.py;
 # docs/upgrading.md, "Releases"): the image (built here: root, a private dockerd) and its

@@ -61,6 +61,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             ctr=("ctr", "--address", state.node["containerd_socket"]),
             image=tag,
             pull_policy="Never",
+            cluster_dns=False,
         )
     finally:
         cluster.down(say=lambda line: print(line, flush=True))

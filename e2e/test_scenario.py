@@ -31,9 +31,9 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 
-from manifests import agent_objects, install_base, to_yaml
+from manifests import agent_objects, to_yaml
 from nodetools import Platform, wait_for
 from podchecks import (
     FROM_ITS_AGENT,
@@ -42,6 +42,7 @@ from podchecks import (
     judge_from_another_pod,
     judge_no_credentials,
 )
+from podcluster import Cluster, in_container, install, phase
 
 NAMESPACE = "agentq-e2e"
 WEIGHTS = {"small": 1, "medium": 2, "large": 4}
@@ -59,97 +60,12 @@ def say(line: str) -> None:
     print(f"[e2e {time.monotonic() - _started:6.1f}s] {line}", flush=True)
 
 
-class Cluster:
-    def __init__(self, platform: Platform) -> None:
-        self.platform = platform
-        api = config.new_client_from_config(config_file=platform.kubeconfig)
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.leases = client.CoordinationV1Api(api)
-
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [self.platform.kubectl, "--kubeconfig", self.platform.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
-
-    def apply(self, objects: list[dict[str, Any]]) -> None:
-        for obj in objects:
-            spec = obj.get("spec", {}).get("template", {}).get("spec", {})
-            for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-                container["imagePullPolicy"] = self.platform.pull_policy
-        self.kubectl("apply", "-f", "-", input=to_yaml(objects))
-
-    def tasks(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
-            "agentq.dev", "v1alpha1", NAMESPACE, "agenttasks"
-        )["items"]
-        return items
-
-    def worker_phase(self, name: str) -> str:
-        try:
-            body = self.custom.get_namespaced_custom_object(
-                "agentq.dev", "v1alpha1", NAMESPACE, "agentworkers", name
-            )
-        except client.ApiException:
-            return ""
-        return str((body.get("status") or {}).get("phase", ""))
-
-    def pod_of(self, worker: str) -> client.V1Pod:
-        pods = self.core.list_namespaced_pod(
-            NAMESPACE, label_selector=f"agentq.dev/worker={worker}"
-        ).items
-        running = [
-            p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp
-        ]
-        assert len(running) == 1, [(p.metadata.name, p.status.phase) for p in pods]
-        return running[0]
-
-    def leader(self) -> str:
-        lease = self.leases.read_namespaced_lease("agentq-operator", "agentq-system")
-        return str(lease.spec.holder_identity or "")
-
-
-def phase(task: dict[str, Any]) -> str:
-    return str((task.get("status") or {}).get("phase", ""))
-
-
 @pytest.mark.timeout(1800)
 def test_agentq_on_real_pods(platform: Platform) -> None:
     global _started
     _started = time.monotonic()
-    k = Cluster(platform)
-    say(f"installing the kustomize base with image {platform.image}")
-    k.apply(install_base(platform.kubectl, image=platform.image))
-    k.kubectl(
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/agenttasks.agentq.dev",
-        "crd/agentworkers.agentq.dev",
-        "crd/agentqueues.agentq.dev",
-        "crd/agentbudgets.agentq.dev",
-    )
-    k.kubectl(
-        "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"
-    )
-    operators = k.core.list_namespaced_pod(
-        "agentq-system", label_selector="app.kubernetes.io/name=agentq-operator"
-    ).items
-    assert len(operators) == 2
-    for pod in operators:
-        assert pod.spec.service_account_name == "agentq-operator"
-        assert pod.spec.security_context.run_as_user == 65532
-        assert pod.status.container_statuses[0].restart_count == 0, "operator crashed at start"
-    leader = wait_for("an operator to lead", k.leader, 60)
-    say(f"2 operator replicas Running as agentq-operator; leader {leader}")
+    k = Cluster(platform, NAMESPACE)
+    leader = install(k, say)
 
     k.apply(
         [
@@ -334,16 +250,6 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
     say("the agent pod's own token was refused for every foreign write")
 
     credentials_only_where_needed(k)
-
-
-def in_container(
-    k: Cluster, pod: str, container: str, script: str, *args: str, namespace: str = NAMESPACE
-) -> Any:
-    """Run a podchecks script with the container's python3; its JSON line."""
-    out = k.kubectl(
-        "-n", namespace, "exec", pod, "-c", container, "--", "python3", "-c", script, *args
-    )
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def credentials_only_where_needed(k: Cluster) -> None:

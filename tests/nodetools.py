@@ -44,6 +44,9 @@ class Platform:
     ctr: tuple[str, ...]  # runs ctr against the node's containerd ("-n k8s.io ..." follows)
     image: str
     pull_policy: str
+    # Whether pods resolve Service names (a kind cluster's DNS). The local node has no
+    # cluster DNS and no kube-proxy: a pod reaches another pod by its IP.
+    cluster_dns: bool = True
 
 
 T = TypeVar("T")

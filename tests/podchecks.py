@@ -6,6 +6,9 @@ fails there before it reaches a node.
 - ``SIDECAR_CALLS``: calls to a sidecar's agent API and metrics port (argv: API URL,
   metrics URL; the secret from ``$AGENTQ_SIDECAR_TOKEN_FILE``) without the secret,
   with a wrong one, with it, under a rebinding Host, as a form post.
+- ``TASK_READS``, ``CLAIM_READ``: another team's AgentTasks read from the API server
+  with a container's token (or none), and the operator's claim API asked for a claim
+  (e2e/test_tenancy.py).
 - ``NO_CREDENTIALS``: what Kubernetes credentials the container has (argv: the
   namespace): a mounted token, $KUBECONFIG, ~/.kube/config, and what the API server
   says to a call without any; whether the volume shared with the sidecar is writable.
@@ -116,3 +119,80 @@ def judge_no_credentials(out: dict[str, Any]) -> list[str]:
     if not (status == 401 or (status == 403 and "system:anonymous" in message)):
         problems.append(f"the API server answered {status} {message[:200]!r} without credentials")
     return problems
+
+
+TASK_READS = r"""
+import json, os, ssl, sys, urllib.error, urllib.request
+token_file, ca_file, targets = sys.argv[1], sys.argv[2], sys.argv[3:]
+env = os.environ
+base = "https://%s:%s" % (env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"])
+headers = {}
+try:
+    headers["Authorization"] = "Bearer " + open(token_file).read().strip()
+except OSError:
+    pass
+tls = ssl.create_default_context(cafile=ca_file) if os.path.exists(ca_file) else (
+    ssl._create_unverified_context())
+out = {"a token": "Authorization" in headers}
+for target in targets:
+    namespace, name = target.split("/", 1)
+    path = "/apis/agentq.dev/v1alpha1/namespaces/%s/agenttasks/%s" % (namespace, name)
+    request = urllib.request.Request(base + path.rstrip("/"), headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=tls, timeout=10) as response:
+            out[target] = [response.status, response.read()[:2000].decode("utf-8", "replace")]
+    except urllib.error.HTTPError as err:
+        body = err.read()[:2000].decode("utf-8", "replace")
+        try:
+            body = json.loads(body).get("message", body)
+        except ValueError:
+            pass
+        out[target] = [err.code, body]
+    except OSError as err:
+        out[target] = [0, repr(err)]
+print(json.dumps(out))
+"""
+"""What the API server answers to ``get`` (``<namespace>/<task>``) and ``list``
+(``<namespace>/``) of AgentTasks with the token in argv[1] (none if it cannot be read)
+and the CA in argv[2] (not verified if absent); ``"a token"``: whether one was sent."""
+
+
+def judge_task_reads(out: dict[str, Any], secret: str) -> list[str]:
+    """TASK_READS of another team's tasks: every read refused -- 401 (no credential the
+    API server takes) or 403 -- and ``secret`` (a payload of theirs) in no answer."""
+    problems = []
+    for target, answer in out.items():
+        if target == "a token":
+            continue
+        status, message = answer
+        if status not in (401, 403):
+            problems.append(f"{target}: {status} {str(message)[:200]!r}")
+        if secret in str(message):
+            problems.append(f"{target}: the answer holds the team's payload")
+    return problems
+
+
+CLAIM_READ = r"""
+import json, sys, urllib.error, urllib.request
+url, token_file, namespace, name = sys.argv[1:5]
+headers = {}
+try:
+    headers["Authorization"] = "Bearer " + open(token_file).read().strip()
+except OSError:
+    pass
+request = urllib.request.Request("%s/v1/claims/%s/%s" % (url, namespace, name), headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=10) as response:
+        print(json.dumps([response.status, json.loads(response.read())]))
+except urllib.error.HTTPError as err:
+    body = err.read().decode("utf-8", "replace")
+    try:
+        body = json.loads(body).get("message", body)
+    except ValueError:
+        pass
+    print(json.dumps([err.code, body]))
+except OSError as err:
+    print(json.dumps([0, repr(err)]))
+"""
+"""The operator's claim API (argv: its URL, a token file -- none sent if it cannot be
+read --, the claim Lease's namespace and name): ``[status, body or message]``."""

@@ -101,7 +101,7 @@ def renewed(current: client.V1Lease, **annotations: str) -> client.V1Lease:
 def test_an_agent_keeps_its_own_worker_lease_and_renews_its_task_leases(
     setup: tuple[Agent, client.CoordinationV1Api], namespace: str
 ) -> None:
-    agent, _ = setup
+    agent, admin = setup
     created = agent.leases.create_namespaced_lease(
         namespace,
         lease("agentq-worker-alpha", holder="agent-alpha-pod", kind="worker", worker="alpha"),
@@ -122,6 +122,13 @@ def test_an_agent_keeps_its_own_worker_lease_and_renews_its_task_leases(
         "agentq-task-t1", namespace, renewed(task, **{"agentq.dev/report": report})
     )
     assert written.metadata.annotations["agentq.dev/report"] == report
+    # Letting its claim go (the holder cleared), as the sidecar does once the operator
+    # revoked the claim (a cancel, a deadline): the task ends at once, not at expiry.
+    written.metadata.annotations["agentq.dev/revoked"] = "Cancelled"
+    revoked = admin.replace_namespaced_lease("agentq-task-t1", namespace, written)
+    revoked.spec.holder_identity = None
+    let_go = agent.leases.replace_namespaced_lease("agentq-task-t1", namespace, revoked)
+    assert let_go.spec.holder_identity is None
 
     registered = agent.custom.create_namespaced_custom_object(
         GROUP, VERSION, namespace, "agentworkers", worker("alpha", "llm").obj()

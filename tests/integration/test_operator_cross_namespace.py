@@ -353,3 +353,48 @@ def test_a_pool_pod_takes_foreign_claims_of_the_worker_it_registered_alone(
         )
         assert final["worker"] == "p-abc12", final
     until("no claim Lease left", lambda: not xleases(fleet), fleet, timeout=30)
+
+
+def test_a_cancelled_foreign_claim_is_revoked_at_once_and_its_agent_told(
+    control_plane: ControlPlane,
+    agentq_installed: None,
+    fleet: Fleet,
+    teams: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """A team cancels its task running on a pool worker: the holder's sidecar sees the
+    revocation on the claim's Lease in the pool, tells its agent (409 Cancelled) and
+    lets the Lease go, so the task ends Cancelled well before the lease would run out."""
+    team_a, _ = teams
+    pool = Pool(control_plane, fleet, tmp_path)
+    pool.worker("w1", slots=1)
+    holder = pool.agent("w1", "hold", beat_seconds=1)
+    pool.operator(teams)
+    team_task(fleet, team_a, "held", leaseDurationSeconds=30)
+    until(
+        "the task Running on w1",
+        lambda: (read(fleet, team_a, "held").get("status") or {}).get("phase") == "Running",
+        fleet,
+    )
+    started = time.monotonic()
+    fleet.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, team_a, "agenttasks", "held", {"spec": {"cancel": True}}
+    )
+    until(
+        "the task Cancelled",
+        lambda: (read(fleet, team_a, "held").get("status") or {}).get("phase") == "Cancelled",
+        fleet,
+        timeout=40,
+    )
+    took = time.monotonic() - started
+    assert took < 10, f"Cancelled after {took:.1f}s: by the lease's expiry, not the revocation"
+    until(
+        "the agent told its claim is revoked (Cancelled)",
+        lambda: any(
+            e.get("event") == "revoked" and e.get("reason") == "Cancelled"
+            for e in holder.agent.events()
+        ),
+        fleet,
+        timeout=10,
+    )
+    until("no claim Lease left", lambda: not xleases(fleet), fleet, timeout=30)

@@ -11,15 +11,21 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kubernetes import client
+
+from accounts import token
 from agentq.controlplane.cluster import free_port
-from builders import worker
+from builders import task, worker
 from fleet import ControlPlane, Fleet
+from manifests import agent_objects, to_yaml
 from podchecks import (
     FROM_ITS_AGENT,
     NO_CREDENTIALS,
     SIDECAR_CALLS,
+    TASK_READS,
     judge_from_another_pod,
     judge_no_credentials,
+    judge_task_reads,
 )
 
 
@@ -74,3 +80,50 @@ def test_no_credentials_sees_an_anonymous_caller(
     assert judge_no_credentials(run(NO_CREDENTIALS, fleet.namespace, env=env)) == [
         "a kubeconfig in HOME: True"
     ]
+
+
+def test_task_reads_tell_a_refusal_from_a_leak(
+    control_plane: ControlPlane,
+    agentq_installed: None,
+    fleet: Fleet,
+    core_api: client.CoreV1Api,
+    tmp_path: Path,
+) -> None:
+    """TASK_READS with an agent's own token: another namespace's task refused (403),
+    no token at all anonymous; its own namespace's task, which the agent role may
+    ``get``, is read -- and the judge says so."""
+    namespace = f"{fleet.namespace}-b"
+    core_api.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    for ns, secret in ((fleet.namespace, "ours"), (namespace, "theirs")):
+        body = task("t").namespace(ns).obj()
+        body["spec"]["payload"] = {"secret": secret}
+        fleet.custom.create_namespaced_custom_object(
+            "agentq.dev", "v1alpha1", ns, "agenttasks", body
+        )
+    objects = agent_objects(control_plane.kubectl_path, worker="w", namespace=fleet.namespace)
+    accounts = [o for o in objects if o["kind"] in ("ServiceAccount", "RoleBinding")]
+    control_plane.kubectl("apply", "-f", "-", input=to_yaml(accounts))
+    token_file = tmp_path / "token"
+    token_file.write_text(token(core_api, fleet.namespace, "agentq-agent-w"))
+    server = urlsplit(control_plane.server)
+    env = {
+        **os.environ,
+        "KUBERNETES_SERVICE_HOST": str(server.hostname),
+        "KUBERNETES_SERVICE_PORT": str(server.port),
+    }
+    theirs = [f"{namespace}/t", f"{namespace}/"]
+    out = run(TASK_READS, str(token_file), "-", *theirs, env=env)
+    assert out.pop("a token") is True
+    assert judge_task_reads(out, "theirs") == [], out
+    assert [answer[0] for answer in out.values()] == [403, 403], out
+    out = run(TASK_READS, str(tmp_path / "absent"), "-", *theirs, env=env)
+    assert out.pop("a token") is False
+    assert judge_task_reads(out, "theirs") == [], out
+    assert all("system:anonymous" in str(answer[1]) for answer in out.values()), out
+    ours = run(TASK_READS, str(token_file), "-", f"{fleet.namespace}/t", env=env)
+    assert ours[f"{fleet.namespace}/t"][0] == 200
+    assert judge_task_reads(ours, "ours") == [
+        f"{fleet.namespace}/t: 200 " + repr(str(ours[f"{fleet.namespace}/t"][1])[:200]),
+        f"{fleet.namespace}/t: the answer holds the team's payload",
+    ]
+    core_api.delete_namespace(namespace)
