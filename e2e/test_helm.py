@@ -193,7 +193,6 @@ class Chart:
         self.home = home
         self.tmp_path = tmp_path
         self.failed = ""
-        self.leader = ""
 
     def helm(self, *args: str, check: bool = True) -> None:
         helm(self.home, *args, kubeconfig=self.platform.kubeconfig, check=check, timeout=400)
