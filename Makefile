@@ -27,7 +27,7 @@ help:
 	@echo "make node     what 'agentq cluster up --node' needs (Debian packages, kubelet)"
 	@echo "make image    build the agentq image (private dockerd, local Debian base)"
 	@echo "make release VERSION=x.y.z  the release's artifacts into dist/release/<version>/"
-	@echo "make e2e      real pods on a local node: tests/node and the e2e scenario (root)"
+	@echo "make e2e      real pods on a local node: tests/node, the chart with the e2e scenario, KEDA (root)"
 
 # Three distributions, installed editable in one command (so that pip takes the
 # local agentq-agent and agentq for the pins of the others): agentq (operator/, the
@@ -112,17 +112,17 @@ node: venv node-deps controlplane
 image: venv node-deps
 	$(BIN)/agentq cluster image
 
-# Real pods on a local node (root): tests/node (node lifecycle, crash recovery, the
-# image as non-root), the Helm chart installed, upgraded and uninstalled
-# (e2e/test_helm.py), an agent pool autoscaled by KEDA 0 -> N -> 0 (e2e/test_keda.py)
-# and the e2e scenario (e2e/test_scenario.py), each leaving the host as it found it.
-# Builds what it needs first (packages, kubelet, image, helm, KEDA).
-# Two runs, each on a cluster of its own: after the chart's uninstall the scenario's
-# backlog was once not fully assigned on the same cluster (under investigation).
-# Then two teams sharing one agent pool (e2e/test_tenancy.py), on a cluster of its own.
+# Real pods on a local node (root), on one cluster, in this order: tests/node (node
+# lifecycle, crash recovery, the image as non-root); the Helm chart installed, the e2e
+# scenario on it (e2e/test_scenario.py's run_scenario), the chart upgraded to a second
+# build with tasks running and uninstalled (e2e/test_helm.py); an agent pool
+# autoscaled by KEDA 0 -> N -> 0 (e2e/test_keda.py); leaving the host as it found it.
+# Builds what it needs first (packages, kubelet, image, helm, KEDA). The scenario on
+# the kustomize base: pytest e2e/test_scenario.py (e2e/kind/run.sh on kind).
+# Then two teams sharing one agent pool on the kustomize base (e2e/test_tenancy.py),
+# on a cluster of its own.
 e2e: venv node image helm keda
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s tests/node e2e/test_helm.py e2e/test_keda.py
-	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_scenario.py
 	AGENTQ_REQUIRE_NODE=1 $(BIN)/pytest -s e2e/test_tenancy.py
 
 # A release's artifacts into dist/release/<version>/ (tools/src/agentq/release.py;

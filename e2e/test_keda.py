@@ -9,7 +9,8 @@ ScaledObject on the namespace's pending plus in-flight tasks. Tasks arrive: KEDA
 the HPA take the pool from 0 to >= 2 pods, every task Succeeds on its first attempt,
 the pool goes back to 0 once they are done, the pods that go drain first: no task is
 reclaimed (statuses and events read back from the API server), and no AgentWorker is
-left (each went with its pod). Everything is taken away after. docs/autoscaling.md.
+left (each went with its pod), nor its worker Lease (owned by the AgentWorker).
+Everything is taken away after. docs/autoscaling.md.
 """
 
 from __future__ import annotations
@@ -185,6 +186,17 @@ def test_keda_scales_an_agent_pool_on_real_pods(
             lambda: not (k.json("-n", POOL, "get", "agentworkers") or {}).get("items"),
             120,
         )
+        wait_for(
+            "no worker Lease left (each went with its AgentWorker)",
+            lambda: (
+                not [
+                    lease
+                    for lease in (k.json("-n", POOL, "get", "leases") or {}).get("items", [])
+                    if lease["metadata"]["name"].startswith("agentq-worker-")
+                ]
+            ),
+            60,
+        )
         reclaims = {}
         for t in k.tasks():
             name, status = t["metadata"]["name"], t["status"]
@@ -197,7 +209,7 @@ def test_keda_scales_an_agent_pool_on_real_pods(
             assert not reasons & RECLAIM_REASONS, (name, sorted(reasons))
         say(
             f"back to 0 replicas (seen {seen}); reclaims {sum(reclaims.values())}; "
-            "no AgentWorker left"
+            "no AgentWorker or worker Lease left"
         )
     finally:
         if prometheus is not None:

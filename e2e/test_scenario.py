@@ -1,8 +1,13 @@
-"""agentq on real pods: the scenario ``make e2e`` runs on the local node and
-``e2e/kind/run.sh`` runs on kind (see conftest.py for where).
+"""agentq on real pods: the scenario, on an operator installed either way (see
+conftest.py for where it runs).
 
-1. Install from the kustomize base with the locally built image: 2 operator
-   replicas as pods, running as their own ServiceAccount (never as admin).
+``make e2e`` runs it on the Helm chart's install, between the install and the
+upgrade (e2e/test_helm.py calls ``run_scenario``); ``test_agentq_on_real_pods``
+runs it on the kustomize base (``e2e/kind/run.sh`` on kind, or this file alone on
+the local node).
+
+1. The install, with the locally built image: 2 operator replicas as pods, running
+   as their own ServiceAccount (never as admin).
 2. Three agent Deployments from manifests/agent/ (``agentq agent-sim`` behind the
    ``agentq sidecar`` native sidecar) with weights 1:2:4, plus a fourth whose agent
    fails every task it gets: the only one with the capability the poison task needs.
@@ -20,6 +25,7 @@
    pod's secret, with a wrong one, under a rebinding Host or as a form post, from
    the agent container; from another pod it cannot be reached at all, while the
    metrics port can (tests/podchecks.py).
+7. Its namespace deleted, and with it its agents, tasks, AgentWorkers and Leases.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from podchecks import (
     judge_from_another_pod,
     judge_no_credentials,
 )
-from podcluster import Cluster, in_container, install, phase
+from podcluster import Cluster, in_container, install, installed, phase
 
 NAMESPACE = "agentq-e2e"
 WEIGHTS = {"small": 1, "medium": 2, "large": 4}
@@ -62,10 +68,24 @@ def say(line: str) -> None:
 
 @pytest.mark.timeout(1800)
 def test_agentq_on_real_pods(platform: Platform) -> None:
+    """The scenario on the kustomize install (``e2e/kind/run.sh``, or this file alone).
+    ``make e2e`` runs it on the chart's install instead: e2e/test_helm.py."""
     global _started
     _started = time.monotonic()
     k = Cluster(platform, NAMESPACE)
-    leader = install(k, say)
+    install(k, say)
+    run_scenario(platform)
+
+
+def run_scenario(platform: Platform) -> None:
+    """The scenario on an operator installed already, by the kustomize base or the
+    chart (CRDs, the operator's two replicas in agentq-system, its policies): its own
+    agents from manifests/agent in namespace NAMESPACE, which it deletes at the end,
+    leaving the install as it found it."""
+    global _started
+    _started = time.monotonic()
+    k = Cluster(platform, NAMESPACE)
+    leader = installed(k, say)
 
     k.apply(
         [
@@ -250,6 +270,11 @@ def test_agentq_on_real_pods(platform: Platform) -> None:
     say("the agent pod's own token was refused for every foreign write")
 
     credentials_only_where_needed(k)
+
+    # Its agents, tasks, AgentWorkers and Leases go with the namespace (the agents
+    # release their worker Leases on the way out, the operator still running).
+    k.kubectl("delete", "namespace", NAMESPACE, "--wait", "--timeout=300s")
+    say(f"namespace {NAMESPACE} deleted: the scenario's agents, tasks and Leases with it")
 
 
 def credentials_only_where_needed(k: Cluster) -> None:

@@ -92,10 +92,16 @@ class Cluster:
 
 
 def install(k: Cluster, say: Callable[[str], None]) -> str:
-    """The install base with the platform's image: CRDs established, the operator's 2
-    replicas rolled out as their own ServiceAccount, one of them leading (returned)."""
+    """The install base with the platform's image, then ``installed``."""
     say(f"installing the kustomize base with image {k.platform.image}")
     k.apply(install_base(k.platform.kubectl, image=k.platform.image))
+    return installed(k, say)
+
+
+def installed(k: Cluster, say: Callable[[str], None]) -> str:
+    """An install, by the kustomize base or the chart, ready: CRDs established, the
+    operator's 2 replicas rolled out as their own ServiceAccount, one of them leading
+    (returned)."""
     k.kubectl("wait", "--for=condition=Established", "--timeout=60s", *CRDS)
     k.kubectl(
         "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The e2e scenario (e2e/test_scenario.py: the same file `make e2e` runs on the local
-# node) on a kind cluster, for machines with a Docker engine and kind. kind runs
+# The e2e scenario (e2e/test_scenario.py: the same scenario `make e2e` runs on the
+# local node, there on the Helm chart's install, here on the kustomize base) on a
+# kind cluster, for machines with a Docker engine and kind. kind runs
 # its nodes as privileged containers, which some machines (this project's CI, for
 # one) cannot start: there `make e2e` is the way.
 #

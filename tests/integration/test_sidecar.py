@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from agentq import protocol
 from agentq.fencing import open_store
 from builders import task, worker
 from fleet import AgentPair, Fleet, Process
+from nodetools import wait_for
 
 LEASE = 3
 
@@ -290,6 +292,35 @@ def test_the_sidecar_registers_and_updates_its_agent_worker_from_flags(fleet: Fl
     fleet.agent("reg", "complete", capabilities="llm", weight=2.5, max_in_flight=3)
     fleet.wait_all(lambda _: (_worker_spec(fleet, "reg") or {}).get("weight") == 2.5, timeout=30)
     assert _worker_spec(fleet, "reg")["capabilities"] == ["llm"]  # type: ignore[index]
+
+
+def test_the_worker_lease_goes_with_the_agent_worker_it_registered(fleet: Fleet) -> None:
+    """The worker Lease is owned by the AgentWorker its sidecar registered: the garbage
+    collector deletes it with the worker (an autoscaled pool's pod gone, the CRDs after
+    an uninstall), where a released Lease was left behind for good (issue 22)."""
+    pair = fleet.agent("owned", "complete", capabilities="llm", work_seconds=0.1)
+    name = protocol.worker_lease_name("owned")
+
+    def owners() -> list[tuple[str, str, str]] | None:
+        try:
+            lease = fleet.leases.read_namespaced_lease(name, fleet.namespace)
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return [(r.kind, r.name, r.uid) for r in lease.metadata.owner_references or []]
+
+    wait_for("the worker Lease owned", owners, 30)
+    uid = fleet.worker("owned")["metadata"]["uid"]
+    assert owners() == [("AgentWorker", "owned", uid)]
+    pair.stop()  # released, not deleted: the worker's next pod takes it over
+    lease = fleet.leases.read_namespaced_lease(name, fleet.namespace)
+    assert not lease.spec.holder_identity
+    assert owners() == [("AgentWorker", "owned", uid)]
+    fleet.custom.delete_namespaced_custom_object(
+        "agentq.dev", "v1alpha1", fleet.namespace, "agentworkers", "owned"
+    )
+    wait_for("the garbage collector to delete the Lease", lambda: owners() is None, 60)
 
 
 def _worker_spec(fleet: Fleet, name: str) -> dict[str, Any] | None:

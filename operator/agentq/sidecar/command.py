@@ -32,7 +32,7 @@ import click
 from aiohttp import web
 from pydantic import ValidationError
 
-from agentq import jsonlog, protocol
+from agentq import GROUP, VERSION, jsonlog, protocol
 from agentq.agent import DEFAULT_TOKEN_FILE, TOKEN_FILE_ENV
 from agentq.clock import Clock, SystemClock
 from agentq.models import AgentWorkerSpec
@@ -274,12 +274,26 @@ class Sidecar:
                         if self.config.owner_pod_uid
                         else None
                     ),
+                    on_registered=self._own_worker_lease,
                 )
             )
         try:
             await stop.wait()
         finally:
             await self._shutdown(runners, registration)
+
+    def _own_worker_lease(self, agent_worker: dict[str, Any]) -> None:
+        """The worker Lease goes with the AgentWorker we registered (its owner)."""
+        uid = (agent_worker.get("metadata") or {}).get("uid")
+        if uid:
+            self.keeper.own_by(
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "AgentWorker",
+                    "name": self.config.worker,
+                    "uid": uid,
+                }
+            )
 
     async def _shutdown(
         self, runners: list[web.AppRunner], registration: asyncio.Task[Any] | None

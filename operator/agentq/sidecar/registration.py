@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from agentq import GROUP, VERSION
@@ -27,10 +28,12 @@ async def register(
     spec: dict[str, Any],
     stop: asyncio.Event,
     owner: dict[str, Any] | None = None,
+    on_registered: Callable[[dict[str, Any]], None] = lambda worker: None,
 ) -> bool:
-    """Create or update ``AgentWorker/<worker>`` with ``spec``; True once it matches.
-    ``owner`` (an ownerReference, the pod's): set when it is created, so the garbage
-    collector deletes it with the pod (a pool's worker)."""
+    """Create or update ``AgentWorker/<worker>`` with ``spec``; True once it matches,
+    after ``on_registered`` is given the AgentWorker. ``owner`` (an ownerReference, the
+    pod's): set when it is created, so the garbage collector deletes it with the pod (a
+    pool's worker)."""
     backoff = Backoff(initial=0.5, maximum=10.0)
     path = custom_path(GROUP, VERSION, namespace, "agentworkers", worker)
     while not stop.is_set():
@@ -50,13 +53,14 @@ async def register(
                     },
                     "spec": spec,
                 }
-                await api.request(
+                created = await api.request(
                     "POST",
                     custom_path(GROUP, VERSION, namespace, "agentworkers", None),
                     body=body,
                     resource="agentworkers",
                 )
                 log.info("registered AgentWorker %s/%s: %s", namespace, worker, spec)
+                on_registered(created)
                 return True
             have = current.get("spec") or {}
             changes = {k: v for k, v in spec.items() if _differs(have.get(k), v)}
@@ -69,6 +73,7 @@ async def register(
                     resource="agentworkers",
                 )
                 log.info("updated AgentWorker %s/%s: %s", namespace, worker, changes)
+            on_registered(current)
             return True
         except ApiError as err:
             if err.status == 409:

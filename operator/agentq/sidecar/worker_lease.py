@@ -23,7 +23,13 @@ lock that makes this sidecar the only one serving the worker's task Leases.
   takeover or a new Lease never carries the annotation.
 - ``release()`` on shutdown: a replace with ``holderIdentity`` cleared (and a
   one-second duration, as client-go's ReleaseOnCancel writes), so the operator
-  stops dispatching to the worker at once.
+  stops dispatching to the worker at once. The Lease stays (the next pod of the
+  worker takes it over).
+- ``own_by(agent_worker)`` once the sidecar has registered its AgentWorker: the
+  Lease's next write names it its owner, so the garbage collector deletes the Lease
+  with the worker (a pool's pod that owns it, the CRDs deleted after an uninstall,
+  the namespace) instead of leaving it behind. A Lease deleted under us is made again
+  without the owner: it may have been deleted because that owner went.
 """
 
 from __future__ import annotations
@@ -85,6 +91,15 @@ class WorkerLeaseKeeper:
         self.renewals = 0
         self.draining = False
         self._renew_now = asyncio.Event()
+        self.owner: Body | None = None  # an ownerReference to the worker's AgentWorker
+
+    def own_by(self, owner: Body) -> None:
+        """Make ``owner`` (an ownerReference to the registered AgentWorker) the Lease's
+        owner at its next write, which is now."""
+        if owner != self.owner:
+            log.info("worker Lease %s: owned by AgentWorker uid %s", self.name, owner["uid"])
+        self.owner = owner
+        self._renew_now.set()
 
     # -- state --------------------------------------------------------------------------
 
@@ -178,7 +193,9 @@ class WorkerLeaseKeeper:
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace, "labels": self._labels()},
+            "metadata": self._owned(
+                {"name": self.name, "namespace": self.namespace, "labels": self._labels()}
+            ),
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": self.duration,
@@ -202,6 +219,7 @@ class WorkerLeaseKeeper:
         body = copy.deepcopy(current)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        self._owned(body["metadata"])
         self._mark_draining(body)
         now = micro_rfc3339(self.clock.now())
         spec = body.setdefault("spec", {})
@@ -255,7 +273,7 @@ class WorkerLeaseKeeper:
             )
         except ApiError as err:
             if err.status == 404:
-                self._lose("the worker Lease was deleted")
+                self._deleted()
                 return
             if err.status != 409:
                 raise
@@ -277,7 +295,7 @@ class WorkerLeaseKeeper:
             )
         except ApiError as err:
             if err.status == 404:
-                self._lose("the worker Lease was deleted")
+                self._deleted()
                 return None
             raise
         holder = current_holder(current)
@@ -296,12 +314,18 @@ class WorkerLeaseKeeper:
         body = copy.deepcopy(lease)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
+        self._owned(body["metadata"])
         self._mark_draining(body)
         spec = body.setdefault("spec", {})
         spec["holderIdentity"] = self.identity
         spec["leaseDurationSeconds"] = self.duration
         spec["renewTime"] = micro_rfc3339(self.clock.now())
         return body
+
+    def _deleted(self) -> None:
+        # Perhaps by the garbage collector, its owner gone: made again, it is not owned.
+        self.owner = None
+        self._lose("the worker Lease was deleted")
 
     def _lose(self, reason: str) -> None:
         if self.holding:
@@ -346,6 +370,18 @@ class WorkerLeaseKeeper:
         else:
             annotations.pop(protocol.ANNOTATION_DRAINING, None)
         body["metadata"]["annotations"] = annotations
+
+    def _owned(self, metadata: Body) -> Body:
+        """``metadata`` with our AgentWorker among its owners (in place of any other
+        AgentWorker: one of an earlier registration), once we know it."""
+        if self.owner is not None:
+            others = [
+                ref
+                for ref in metadata.get("ownerReferences") or []
+                if ref.get("kind") != "AgentWorker"
+            ]
+            metadata["ownerReferences"] = [*others, self.owner]
+        return metadata
 
     def _labels(self) -> dict[str, str]:
         return {
