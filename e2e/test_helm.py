@@ -75,17 +75,7 @@ class Kube:
         self.platform = platform
 
     def __call__(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [self.platform.kubectl, "--kubeconfig", self.platform.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
+        return self.platform.run_kubectl(*args, input=input, check=check)
 
     def json(self, *args: str) -> Any:
         out = self(*args, "-o", "json", "--ignore-not-found")

@@ -48,6 +48,21 @@ class Platform:
     # cluster DNS and no kube-proxy: a pod reaches another pod by its IP.
     cluster_dns: bool = True
 
+    def run_kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
+        """kubectl against this cluster; its output (AssertionError on a failure when
+        ``check``)."""
+        done = subprocess.run(
+            [self.kubectl, "--kubeconfig", self.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
+        return done.stdout
+
 
 T = TypeVar("T")
 

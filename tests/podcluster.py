@@ -9,7 +9,6 @@ helpers look (the agents' namespace).
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -36,17 +35,7 @@ class Cluster:
         self.leases = client.CoordinationV1Api(api)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        done = subprocess.run(
-            [self.platform.kubectl, "--kubeconfig", self.platform.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
-        if check and done.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)}: {done.stdout}{done.stderr}")
-        return done.stdout
+        return self.platform.run_kubectl(*args, input=input, check=check)
 
     def apply(self, objects: list[dict[str, Any]]) -> None:
         for obj in objects:
