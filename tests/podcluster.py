@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from manifests import install_base, to_yaml
+from manifests import MANIFESTS, install_base, to_yaml
 from nodetools import Platform, wait_for
 
 CRDS = (
@@ -91,11 +92,12 @@ class Cluster:
         return pods
 
 
-def install(k: Cluster, say: Callable[[str], None]) -> str:
-    """The install base with the platform's image: CRDs established, the operator's 2
-    replicas rolled out as their own ServiceAccount, one of them leading (returned)."""
+def install(k: Cluster, say: Callable[[str], None], directory: Path = MANIFESTS) -> str:
+    """The install base (or an overlay of it, ``directory``) with the platform's image:
+    CRDs established, the operator's 2 replicas rolled out as their own ServiceAccount,
+    one of them leading (returned)."""
     say(f"installing the kustomize base with image {k.platform.image}")
-    k.apply(install_base(k.platform.kubectl, image=k.platform.image))
+    k.apply(install_base(k.platform.kubectl, image=k.platform.image, directory=directory))
     k.kubectl("wait", "--for=condition=Established", "--timeout=60s", *CRDS)
     k.kubectl(
         "-n", "agentq-system", "rollout", "status", "deploy/agentq-operator", "--timeout=300s"
