@@ -9,6 +9,7 @@ becomes the worker's name.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -33,9 +34,29 @@ def kustomize(kubectl: str, directory: Path) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
-def install_base(kubectl: str, *, image: str | None = None) -> list[dict[str, Any]]:
-    """The install base's objects, with the operator's image replaced if given."""
-    objects = kustomize(kubectl, MANIFESTS)
+def overlay(where: Path, base: Path, *components: Path) -> Path:
+    """``where``, made a kustomization of ``base`` with ``components`` added, as a
+    user's overlay of the repository's (kustomize takes relative paths only)."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(base, where)],
+                "components": [os.path.relpath(c, where) for c in components],
+            }
+        )
+    )
+    return where
+
+
+def install_base(
+    kubectl: str, *, image: str | None = None, directory: Path = MANIFESTS
+) -> list[dict[str, Any]]:
+    """The install base's objects (or an overlay's, ``directory``), with the operator's
+    image replaced if given."""
+    objects = kustomize(kubectl, directory)
     if image:
         for obj in objects:
             for container in containers(obj):

@@ -7,8 +7,8 @@ fails there before it reaches a node.
   metrics URL; the secret from ``$AGENTQ_SIDECAR_TOKEN_FILE``) without the secret,
   with a wrong one, with it, under a rebinding Host, as a form post.
 - ``TASK_READS``, ``CLAIM_READ``: another team's AgentTasks read from the API server
-  with a container's token (or none), and the operator's claim API asked for a claim
-  (e2e/test_tenancy.py).
+  with a container's token (or none), and the operator's claim API asked for a claim,
+  over TLS or not (e2e/test_tenancy.py); ``FETCH``, ``metric()``: a pod's metrics.
 - ``NO_CREDENTIALS``: what Kubernetes credentials the container has (argv: the
   namespace): a mounted token, $KUBECONFIG, ~/.kube/config, and what the API server
   says to a call without any; whether the volume shared with the sidecar is writable.
@@ -173,26 +173,70 @@ def judge_task_reads(out: dict[str, Any], secret: str) -> list[str]:
 
 
 CLAIM_READ = r"""
-import json, sys, urllib.error, urllib.request
+import http.client, json, ssl, sys, urllib.parse
 url, token_file, namespace, name = sys.argv[1:5]
+ca, server_name = (sys.argv[5:] + ["", ""])[:2]
 headers = {}
 try:
     headers["Authorization"] = "Bearer " + open(token_file).read().strip()
 except OSError:
     pass
-request = urllib.request.Request("%s/v1/claims/%s/%s" % (url, namespace, name), headers=headers)
+target = urllib.parse.urlsplit(url)
+if target.scheme == "https":
+    if ca:
+        context = ssl.create_default_context(cafile=ca)
+    else:  # no CA bundle here: asks without checking whom it talks to
+        context = ssl._create_unverified_context()
+
+    class Connection(http.client.HTTPSConnection):
+        def connect(self):
+            http.client.HTTPConnection.connect(self)
+            host = server_name or target.hostname
+            self.sock = context.wrap_socket(self.sock, server_hostname=host)
+
+    connection = Connection(target.hostname, target.port, timeout=10)
+else:
+    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
 try:
-    with urllib.request.urlopen(request, timeout=10) as response:
-        print(json.dumps([response.status, json.loads(response.read())]))
-except urllib.error.HTTPError as err:
-    body = err.read().decode("utf-8", "replace")
+    connection.request("GET", "/v1/claims/%s/%s" % (namespace, name), headers=headers)
+    response = connection.getresponse()
+    body = response.read().decode("utf-8", "replace")
     try:
-        body = json.loads(body).get("message", body)
+        body = json.loads(body)
     except ValueError:
         pass
-    print(json.dumps([err.code, body]))
-except OSError as err:
+    if response.status != 200 and isinstance(body, dict):
+        body = body.get("message", body)
+    print(json.dumps([response.status, body]))
+except (OSError, http.client.HTTPException) as err:  # no HTTP answer
     print(json.dumps([0, repr(err)]))
 """
 """The operator's claim API (argv: its URL, a token file -- none sent if it cannot be
-read --, the claim Lease's namespace and name): ``[status, body or message]``."""
+read --, the claim Lease's namespace and name; for an https URL, the CA bundle to
+verify the operator's certificate with -- empty: not verified -- and the name it must
+carry, when not the URL's host): ``[status, body or message]``, status 0 when no HTTP
+answer came (a refused handshake, a closed connection)."""
+
+FETCH = r"""
+import json, sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=10) as response:
+        print(json.dumps([response.status, response.read().decode("utf-8", "replace")]))
+except OSError as err:
+    print(json.dumps([0, repr(err)]))
+"""
+"""A plain GET of argv's URL (a pod's own metrics): ``[status, body]``."""
+
+
+def metric(text: str, name: str, **labels: str) -> list[float]:
+    """The values of the samples named ``name`` whose labels include ``labels``, in
+    the Prometheus text exposition ``text``."""
+    values = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        sample, _, value = line.rpartition(" ")
+        metric_name, _, label_text = sample.partition("{")
+        if metric_name == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            values.append(float(value))
+    return values

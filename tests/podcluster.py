@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 
-from manifests import install_base, to_yaml
+from manifests import MANIFESTS, install_base, to_yaml
 from nodetools import Platform, wait_for
 
 CRDS = (
@@ -80,10 +81,11 @@ class Cluster:
         return pods
 
 
-def install(k: Cluster, say: Callable[[str], None]) -> str:
-    """The install base with the platform's image, then ``installed``."""
+def install(k: Cluster, say: Callable[[str], None], directory: Path = MANIFESTS) -> str:
+    """The install base (or an overlay of it, ``directory``) with the platform's image,
+    then ``installed``."""
     say(f"installing the kustomize base with image {k.platform.image}")
-    k.apply(install_base(k.platform.kubectl, image=k.platform.image))
+    k.apply(install_base(k.platform.kubectl, image=k.platform.image, directory=directory))
     return installed(k, say)
 
 

@@ -493,3 +493,53 @@ def test_agent_pool_workers_and_replicas(home: Path) -> None:
     assert pod["containers"][0]["image"] == "agentq:0.2.0"
     operator = _find(pinned, "Deployment", "agentq-operator")["spec"]["template"]["spec"]
     assert operator["containers"][0]["image"] == "agentq:0.2.0"
+
+
+def _unreadable_secrets(objects: list[dict[str, Any]]) -> list[str]:
+    """The Secret files a workload's non-root containers mount but cannot read: the
+    kubelet writes them owned by root, group root unless the pod has an fsGroup (then
+    the group is that, and the containers are in it), with the volume's mode."""
+    problems = []
+    for obj in objects:
+        if obj["kind"] not in manifests.WORKLOADS:
+            continue
+        pod = obj["spec"]["template"]["spec"] if "template" in obj["spec"] else obj["spec"]
+        pod_context = pod.get("securityContext") or {}
+        secrets = {v["name"]: v["secret"] for v in pod.get("volumes", []) if "secret" in v}
+        for container in manifests.containers(obj):
+            context = {**pod_context, **(container.get("securityContext") or {})}
+            if context.get("runAsUser", 0) == 0:
+                continue
+            for mount in container.get("volumeMounts", []):
+                secret = secrets.get(mount["name"])
+                if secret is None:
+                    continue
+                modes = [i.get("mode") for i in secret.get("items", [])]
+                default = secret.get("defaultMode", 0o644)
+                for mode in [m if m is not None else default for m in modes] or [default]:
+                    if not (mode & 0o004 or (mode & 0o040 and "fsGroup" in pod_context)):
+                        problems.append(
+                            f"{obj['kind']} {obj['metadata']['name']}: {container['name']} "
+                            f"(uid {context['runAsUser']}) cannot read Secret "
+                            f"{secret['secretName']} (mode {mode:o}, "
+                            f"fsGroup {pod_context.get('fsGroup')})"
+                        )
+    return problems
+
+
+def test_the_operator_can_read_its_claim_certificate(
+    home: Path, kubectl: str, tmp_path: Path
+) -> None:
+    """The claim port's Secret is mounted 0440 (the key is no one else's): readable by
+    the operator (uid 65532) only through the pod's fsGroup -- without it, on a real
+    kubelet the files are root's and the claim port never serves (found on real pods,
+    e2e/test_tenancy.py). Kustomize with the component (by hand or cert-manager's
+    example) and the chart, every mode."""
+    by_hand = manifests.overlay(
+        tmp_path / "by-hand", manifests.MANIFESTS, manifests.MANIFESTS / "claim-tls"
+    )
+    for directory in (by_hand, manifests.CERT_MANAGER):
+        assert not _unreadable_secrets(manifests.kustomize(kubectl, directory)), directory
+    for mode in ("helm", "secret"):
+        objects = template(home, values={"operator.claimTLS.mode": mode})
+        assert not _unreadable_secrets(objects), mode
