@@ -39,6 +39,7 @@ from agentq import release
 from agentq.controlplane import imagebuild
 from helmchart import CHART, helm
 from nodetools import Platform, wait_for
+from podchecks import FETCH, metric
 
 RELEASE = "agentq"
 POOL = "agentq-helm-e2e"  # the release's namespace, and its agent pool's
@@ -265,7 +266,26 @@ def test_helm_install(platform: Platform, chart: Chart, kube: Kube) -> None:
             120,
         )
         assert worker
-        say(f"installed: 2 operator pods, leader {leader}; worker {WORKER} Ready")
+        # The claim port serves the chart's own certificate (claimTLS.mode helm, the
+        # default): the operator, a non-root user, reads the Secret's key (fsGroup).
+        ready = wait_for(
+            "both operator replicas serving the claim port's certificate",
+            lambda: all(claim_tls_ready(platform, p["metadata"]["name"]) for p in operators),
+            60,
+        )
+        assert ready
+        say(f"installed: 2 operator pods serving TLS, leader {leader}; worker {WORKER} Ready")
+
+
+def claim_tls_ready(platform: Platform, pod: str) -> bool:
+    """Whether an operator pod says agentq_claim_tls_ready 1 (its metrics, read from
+    inside it)."""
+    out = platform.run_kubectl(
+        "-n", "agentq-system", "exec", pod, "-c", "operator",
+        "--", "python3", "-c", FETCH, "http://127.0.0.1:8080/metrics",
+    )  # fmt: skip
+    status, body = json.loads(out.strip().splitlines()[-1])
+    return status == 200 and metric(body, "agentq_claim_tls_ready") == [1.0]
 
 
 @pytest.mark.timeout(1800)
