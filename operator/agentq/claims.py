@@ -83,6 +83,7 @@ __all__ = [
     "lease_foreign",
     "readiness",
     "reserve_tokens",
+    "revoked_by_operator",
     "worker_phase",
     "worker_status",
     "workers_to_avoid",
@@ -384,6 +385,9 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
         # A grant whose Lease write did not happen (the operator died between its two
         # writes), or the previous attempt's Lease not yet deleted: write this grant's.
         return Decision(lease=LeaseOp.WRITE_GRANT, refusal=refusal)
+    revoked = revoked_by_operator(task, lease)
+    if revoked is not lease.revoked:
+        lease = dataclasses.replace(lease, revoked=revoked)
     if lease.revoked is not None and lease.token == token and lease.holder is None:
         # The holder stopped, as its revoked claim asked: the task ends.
         return Decision(
@@ -411,6 +415,24 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     if lease.revoked is not None or stop is not None:
         return _revoked_claim(task, lease, stop, seen, refusal)
     return _current_claim(task, lease, seen, policy, refusal)
+
+
+def revoked_by_operator(task: TaskView, lease: LeaseView) -> str | None:
+    """Why the operator revoked the claim whose Lease is ``lease``: the Lease's
+    ``agentq.dev/revoked`` only if the task's status says the operator revoked it (its
+    ``Revoked`` condition, written before the annotation), with the condition's reason.
+    The annotation is on the holder's side of the Lease (the admission policy keeps only
+    the token, attempt and task UID): a holder that wrote it itself must not end its
+    task Cancelled that no one cancelled, nor step out of its progress deadline."""
+    if lease.revoked is None:
+        return None
+    held = lifecycle.condition(task.status, lifecycle.REVOKED)
+    if held is None or not held[0]:
+        return None
+    reason = lifecycle.condition_reason_of(task.status, lifecycle.REVOKED)
+    if reason in (protocol.REVOKE_CANCELLED, protocol.REVOKE_DEADLINE):
+        return reason
+    return lease.revoked
 
 
 def settled(task: TaskView) -> bool:

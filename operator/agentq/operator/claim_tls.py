@@ -91,6 +91,10 @@ def _tlv(der: bytes, at: int) -> tuple[int, int, int]:
     return tag, at, at + length
 
 
+def _no_pass_phrase() -> bytes:
+    raise ValueError("the key is encrypted: give the claim port an unencrypted key")
+
+
 class ServingCert:
     """The claim port's TLS: ``context`` is what the server listens with (see the
     module docstring); ``reload()`` loads the files when they changed."""
@@ -154,7 +158,9 @@ class ServingCert:
                 raise ValueError(
                     "--claim-cert-file and --claim-key-file go together (a certificate and its key)"
                 )
-            context.load_cert_chain(self.cert_file, self.key_file)
+            # Never OpenSSL's prompt on the terminal for an encrypted key's pass phrase
+            # (it would hold the event loop): such a key does not load.
+            context.load_cert_chain(self.cert_file, self.key_file, password=_no_pass_phrase)
             with open(self.cert_file, "rb") as f:
                 pem = f.read()
         except (OSError, ssl.SSLError, ValueError) as err:

@@ -199,12 +199,13 @@ class Decider:
             if marker != task.status.progress:
                 dues.append(self.progress_due(record, now))
         deadline = task.spec.progress_deadline_seconds
-        if deadline is not None and task.phase is TaskPhase.RUNNING and lease.view.revoked is None:
+        revoked = claims.revoked_by_operator(task, lease.view)
+        if deadline is not None and task.phase is TaskPhase.RUNNING and revoked is None:
             dues.append(lease.seen.progress_changed_at + deadline)
         if lease.revoked_at is not None:
             dues.append(lease.revoked_at + task.spec.lease_duration_seconds)
         active = deadline_end(record, now=now, wall=self.clock.now())
-        if active is not None and (active > now or lease.view.revoked is None):
+        if active is not None and (active > now or revoked is None):
             dues.append(active)  # (once revoked for it, the revocation's own deadlines)
         return min(dues) if dues else None
 

@@ -219,3 +219,49 @@ def test_a_sidecar_given_an_https_operator_without_its_ca_does_not_start() -> No
     )
     assert result.exit_code == 2, result.output
     assert "give --operator-ca-file" in result.output
+
+
+def test_an_encrypted_key_is_refused_without_asking_for_a_pass_phrase(tmp_path: Path) -> None:
+    """OpenSSL asks the controlling terminal for the pass phrase of an encrypted key when
+    given no password: the operator (run by hand, or in a pod with a tty) waited there,
+    its event loop with it. The key is refused instead, as any pair that does not load."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from cryptography.hazmat.primitives import serialization
+
+    cert, key = Ca.make().serving()
+    encrypted = serialization.load_pem_private_key(key, None).private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(encrypted)
+    # A child with a terminal of its own (pty.fork), as an operator run by hand has.
+    script = textwrap.dedent(
+        f"""
+        import os, pty, select, sys, time
+        pid, fd = pty.fork()
+        if pid == 0:
+            from agentq.operator.claim_tls import ServingCert
+            tls = ServingCert({str(tmp_path / "tls.crt")!r}, {str(tmp_path / "tls.key")!r})
+            tls.reload()
+            print("LOADED" if tls.ready else "REFUSED", flush=True)
+            os._exit(0)
+        out, end = b"", time.time() + 10
+        while time.time() < end and b"LOADED" not in out and b"REFUSED" not in out:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:
+                    break
+        os.kill(pid, 9)
+        print(out.decode(errors="replace"))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=30)
+    said = done.stdout.decode()
+    assert "pass phrase" not in said.lower(), said
+    assert "REFUSED" in said, said
