@@ -440,6 +440,9 @@ class ClaimServer:
             server.watching = asyncio.create_task(tls.watch(reload_seconds), name="claim-tls")
             log.info("claim API on https://%s:%s (certificate %s)", host, port, cert_file)
         else:
+            # No TLS gauges in plain mode: nothing for the claim port's TLS alerts to see.
+            metrics.CLAIM_TLS_READY.clear()
+            metrics.CLAIM_TLS_NOT_AFTER.clear()
             log.warning(
                 "claim API on http://%s:%s WITHOUT TLS: tasks' payloads and the sidecars' "
                 "tokens cross the pod network in clear text; give --claim-cert-file and "

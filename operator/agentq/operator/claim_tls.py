@@ -16,8 +16,10 @@ with an ``internal_error`` alert: the operator runs on (it never crash-loops for
 certificate), its claim port answers no one, and ``agentq_claim_tls_ready`` says 0.
 
 ``agentq_claim_tls_not_after_seconds`` is the served certificate's expiry (a Unix
-time) for an alert; an expired one is logged as an error at every look (a sidecar
-refuses it: ``certificate has expired``).
+time) for an alert (AgentqClaimCertExpiring); both gauges have no sample in a process
+that serves plain HTTP, so the alerts see only operators given certificate files. An
+expired one is logged as an error at every look (a sidecar refuses it: ``certificate
+has expired``).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class ServingCert:
         self._stamp: Stamp = None
         self._tried = False
         metrics.CLAIM_TLS_READY.set(0)
+        metrics.CLAIM_TLS_NOT_AFTER.clear()
 
     @property
     def ready(self) -> bool:

@@ -9,8 +9,11 @@ it (their label values come from object names: queues are few and admin-made).
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 DISPATCHES = Counter("agentq_dispatches_total", "Tasks assigned to a worker.", ["namespace"])
 DISPATCH_LATENCY = Histogram(
@@ -155,14 +158,48 @@ CLAIM_API_REQUESTS = Counter(
     "HTTP status answered (403: refused; 404: claim not known here; 410: claim over).",
     ["code"],
 )
-CLAIM_TLS_READY = Gauge(
+
+
+class OptionalGauge(Collector):
+    """An unlabelled gauge with no sample until it is set, and again after ``clear()``:
+    always declared (``# HELP``/``# TYPE``), so dashboards and rules may name it, but an
+    alert on its value never sees a process where it does not apply."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.value: float | None = None
+        REGISTRY.register(self)
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def clear(self) -> None:
+        self.value = None
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self.name, self.documentation)
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.documentation)
+        if self.value is not None:
+            family.add_metric([], self.value)
+        yield family
+
+
+# Claim port TLS: no sample at all while the claim port is off or plain HTTP (no
+# --claim-cert-file/--claim-key-file), so AgentqClaimTLSNotServing and
+# AgentqClaimCertExpiring never see such an operator.
+CLAIM_TLS_READY = OptionalGauge(
     "agentq_claim_tls_ready",
-    "1 while the claim port serves TLS with a loaded certificate; 0 while it has "
-    "none to serve (handshakes refused), and when the claim port is off or plain HTTP.",
+    "1 while the claim port serves TLS with a loaded certificate; 0 while it is given "
+    "certificate files but has none loaded to serve (handshakes refused); no sample "
+    "when the claim port is off or plain HTTP.",
 )
-CLAIM_TLS_NOT_AFTER = Gauge(
+CLAIM_TLS_NOT_AFTER = OptionalGauge(
     "agentq_claim_tls_not_after_seconds",
-    "Expiry (Unix time) of the claim port's served TLS certificate; 0 when unknown.",
+    "Expiry (Unix time) of the claim port's served TLS certificate; 0 when unknown; no "
+    "sample before a certificate is loaded, or when the claim port is off or plain HTTP.",
 )
 CLAIM_TLS_RELOADS = Counter(
     "agentq_claim_tls_reloads_total",

@@ -6,7 +6,9 @@
   the last good one served; none yet: handshakes refused, the server runs on;
 - the sidecar trusts its CA bundle alone and checks the name: another CA, an expired
   certificate, another name, no bundle -> a ``ClaimError`` marked ``tls``;
-- the expiry read from the certificate is cryptography's.
+- the expiry read from the certificate is cryptography's;
+- the TLS gauges have no sample on a plain HTTP claim port (its alerts never see it),
+  ready 0 and no expiry while certificate files are given but none loaded.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from cryptography import x509
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, generate_latest
 
+from agentq import kube
 from agentq.controlplane.cluster import free_port
+from agentq.operator.claim_api import ClaimServer
 from agentq.operator.claim_tls import ServingCert, not_after
 from agentq.operator.config import OperatorConfig
 from agentq.sidecar.operator_claims import ClaimError, OperatorClaims
@@ -36,6 +40,10 @@ TASK = {"metadata": {"name": "job", "namespace": "team", "uid": "u"}, "spec": {}
 
 def gauge(name: str) -> float:
     return REGISTRY.get_sample_value(name) or 0.0
+
+
+def declared(name: str) -> bool:
+    return f"# TYPE {name} gauge" in generate_latest(REGISTRY).decode()
 
 
 @asynccontextmanager
@@ -265,3 +273,34 @@ def test_an_encrypted_key_is_refused_without_asking_for_a_pass_phrase(tmp_path: 
     said = done.stdout.decode()
     assert "pass phrase" not in said.lower(), said
     assert "REFUSED" in said, said
+
+
+@run
+async def test_the_tls_gauges_say_nothing_on_a_plain_port_and_0_while_none_loads(
+    tmp_path: Path,
+) -> None:
+    ready, expiry = "agentq_claim_tls_ready", "agentq_claim_tls_not_after_seconds"
+    # Given files, none loadable yet: ready 0 (AgentqClaimTLSNotServing), no expiry.
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    tls = ServingCert(str(cert), str(key))
+    assert not tls.reload()
+    assert REGISTRY.get_sample_value(ready) == 0
+    assert REGISTRY.get_sample_value(expiry) is None
+    pair = Ca.make().serving()
+    cert.write_bytes(pair[0])
+    key.write_bytes(pair[1])
+    assert tls.reload()
+    assert REGISTRY.get_sample_value(ready) == 1
+    assert REGISTRY.get_sample_value(expiry) == not_after(pair[0])
+
+    # A plain HTTP claim port (no certificate flags): no sample of either, so no TLS
+    # alert fires for it; both stay declared for the dashboard and the rules.
+    config = kube.KubeConfig(server="https://127.0.0.1:6443", credentials=kube.Credentials())
+    server = await ClaimServer.start(config, None, port=free_port(), host="127.0.0.1")
+    try:
+        assert server.tls is None
+        assert REGISTRY.get_sample_value(ready) is None
+        assert REGISTRY.get_sample_value(expiry) is None
+        assert declared(ready) and declared(expiry)
+    finally:
+        await server.close()
