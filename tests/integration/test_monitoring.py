@@ -8,7 +8,8 @@ no worker can take fires AgentqTasksUnschedulable (and AgentqQueueStalled's expr
 selects it); an API server killed fires AgentqWatchUnhealthy. The
 rules are loaded as shipped except that ``for:`` is 0 s (the promtool unit tests in
 monitoring/agentq-rules.test.yaml pin the real durations). Every dashboard query is
-valid PromQL for that Prometheus and names only metrics the operator declares.
+valid PromQL for that Prometheus and names only metrics the operator (or the sidecar,
+for the claim port's panels and AgentqSidecarClaimTLSFailing) declares.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from agentq.controlplane.cluster import free_port
+from agentq.sidecar import metrics as sidecar_metrics
 from builders import task, worker
 from fleet import AGENTQ, Fleet
 
@@ -155,7 +158,7 @@ def test_the_rules_pass_promtool_and_both_files_say_the_same() -> None:
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 14 rules found" in checked.stdout
+    assert "SUCCESS: 18 rules found" in checked.stdout
     tested = subprocess.run(
         [promtool, "test", "rules", "agentq-rules.test.yaml"],
         cwd=MONITORING,
@@ -235,6 +238,10 @@ def test_alerts_fire_on_their_fault_and_not_on_a_healthy_run(
     # Every dashboard query is valid here and names only metrics the operator declares.
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as rsp:
         exported = declared(rsp.read().decode())
+    # The plain HTTP claim port has no TLS sample, and so no TLS alert (not even pending).
+    assert prom.query("agentq_claim_tls_ready or agentq_claim_tls_not_after_seconds") == []
+    # ... and the sidecars' (AgentqSidecarClaimTLSFailing, the claim port row).
+    exported |= declared(generate_latest(sidecar_metrics.REGISTRY).decode())
     dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     rules = yaml.safe_load(RULES.read_text())
