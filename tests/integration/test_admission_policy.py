@@ -173,6 +173,7 @@ def foreign_writes(agent: Agent, namespace: str) -> dict[str, Callable[[], Any]]
         "handing its task Lease to another worker": task_lease_edit(holder="beta"),
         "a new fencing token": task_lease_edit(**{"agentq.dev/fencing-token": "8"}),
         "a new task UID": task_lease_edit(**{"agentq.dev/task-uid": "u2"}),
+        "marking its claim revoked": task_lease_edit(**{"agentq.dev/revoked": "Cancelled"}),
         "creating a task Lease": lambda: leases.create_namespaced_lease(
             namespace, lease("agentq-task-t3", holder="alpha", kind="task", worker="alpha")
         ),
@@ -222,6 +223,47 @@ def test_every_foreign_write_is_refused(
     assert t1.spec.holder_identity == "alpha"
     assert t1.metadata.annotations["agentq.dev/fencing-token"] == "7"
     assert admin.read_namespaced_lease("agentq-task-t2", namespace).spec.holder_identity == "beta"
+
+
+def test_the_revoked_mark_is_the_operators_the_holder_lets_go_but_never_edits_it(
+    setup: tuple[Agent, client.CoordinationV1Api], namespace: str
+) -> None:
+    """The operator marked worker alpha's claim of t1 revoked (a cancel): the holder may
+    renew (a last report) and let the claim go with the mark as it is, but neither
+    change nor remove it, held or let go (the operator no longer trusts the mark alone,
+    claims.revoked_by_operator; the policy keeps it the operator's anyway)."""
+    agent, admin = setup
+    marked = admin.read_namespaced_lease("agentq-task-t1", namespace)
+    marked.metadata.annotations["agentq.dev/revoked"] = "Cancelled"
+    admin.replace_namespaced_lease("agentq-task-t1", namespace, marked)
+
+    def edit(*, revoked: str | None, holder: str | None = "alpha") -> Callable[[], Any]:
+        def call() -> Any:
+            current = agent.leases.read_namespaced_lease("agentq-task-t1", namespace)
+            current.spec.holder_identity = holder
+            if revoked is None:
+                del current.metadata.annotations["agentq.dev/revoked"]
+            else:
+                current.metadata.annotations["agentq.dev/revoked"] = revoked
+            return agent.leases.replace_namespaced_lease("agentq-task-t1", namespace, current)
+
+        return call
+
+    says = "revoked mark"
+    refused(edit(revoked="DeadlineExceeded"), by=POLICY, says=says)
+    refused(edit(revoked=""), by=POLICY, says=says)
+    refused(edit(revoked=None), by=POLICY, says=says)
+    refused(edit(revoked=None, holder=None), by=POLICY, says=says)
+    report = '{"token": 7, "worker": "alpha", "outcome": "Failed"}'
+    current = agent.leases.read_namespaced_lease("agentq-task-t1", namespace)
+    agent.leases.replace_namespaced_lease(
+        "agentq-task-t1", namespace, renewed(current, **{"agentq.dev/report": report})
+    )
+    let_go = edit(revoked="Cancelled", holder=None)()
+    assert let_go.spec.holder_identity is None
+    assert let_go.metadata.annotations["agentq.dev/revoked"] == "Cancelled"
+    # Let go, the Lease is no longer the agent's to mark either.
+    refused(edit(revoked=None, holder=None), by=POLICY)
 
 
 def test_the_policy_refuses_them_even_where_rbac_would_allow(

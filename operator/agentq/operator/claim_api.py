@@ -27,7 +27,9 @@ sidecar may not read the team's AgentTasks, so the operator hands the task over:
 
 The answer is what a sidecar reads from an AgentTask of its own namespace:
 ``{"metadata": {name, namespace, uid}, "spec", "status": {"attempt"}}``. Every
-answer is counted in ``agentq_claim_api_requests_total{code}``. A TokenReview or
+answer is counted in ``agentq_claim_api_requests_total{code}`` (429: a new TokenReview
+beyond the budget, REVIEW_RATE; ``refused``: a connection beyond MAX_CONNECTIONS,
+closed unanswered). A TokenReview or
 task read without an answer (or refused for the operator's own rights) is a 503:
 the sidecar tries again.
 
@@ -66,6 +68,24 @@ EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
 EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
 REVIEW_SECONDS = 60.0
 REVIEW_CACHE_SIZE = 4096
+# A flood of unknown tokens (each would cost the API server a TokenReview) is refused
+# before it reaches the API server: new reviews start at most REVIEW_RATE a second
+# (REVIEW_BURST at once), REVIEW_CONCURRENCY of them in flight; beyond, 429 with
+# Retry-After (the sidecar backs off and tries again). A refusal (a token not valid,
+# not an agent's) is cached apart, in at most REFUSAL_CACHE_SIZE entries: a flood of
+# bogus tokens never evicts an agent's good review.
+REVIEW_RATE = 20.0
+REVIEW_BURST = 40
+REVIEW_CONCURRENCY = 8
+REFUSAL_CACHE_SIZE = 256
+RETRY_AFTER_SECONDS = 1
+# The claim server's own limits (one GET with one bearer token is all it serves).
+MAX_CONNECTIONS = 256
+HANDSHAKE_SECONDS = 10.0
+KEEPALIVE_SECONDS = 15.0
+MAX_HEADERS = 32
+MAX_LINE_CHARS = 4096
+MAX_BODY_BYTES = 4096
 TOKEN_REVIEW_PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 MAX_TOKEN_CHARS = 16 * 1024
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -115,6 +135,38 @@ class Unavailable(Exception):
     """No answer to rely on from the API server (a TokenReview, a task read): 503."""
 
 
+class Busy(Exception):
+    """Too many TokenReviews asked for now (REVIEW_RATE, REVIEW_CONCURRENCY): 429."""
+
+
+class ReviewBudget:
+    """A token bucket of new TokenReviews (``rate`` a second, ``burst`` at once), and at
+    most ``concurrency`` in flight."""
+
+    def __init__(self, clock: Clock, rate: float, burst: int, concurrency: int) -> None:
+        self.clock = clock
+        self.rate = rate
+        self.burst = float(burst)
+        self.concurrency = concurrency
+        self.tokens = float(burst)
+        self.stamp = clock.monotonic()
+        self.in_flight = 0
+
+    def take(self) -> bool:
+        """One more review may start now (the caller ends it with ``done``)."""
+        now = self.clock.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.in_flight >= self.concurrency or self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        self.in_flight += 1
+        return True
+
+    def done(self) -> None:
+        self.in_flight -= 1
+
+
 def agent_of(username: str) -> tuple[str, str] | None:
     """``(namespace, worker)`` of ``system:serviceaccount:<namespace>:agentq-agent-<worker>``."""
     parts = username.split(":")
@@ -156,6 +208,8 @@ def _error(code: int, error: str, message: str) -> web.Response:
     response = web.json_response({"error": error, "message": message}, status=code)
     if code == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
+    if code in (429, 503):
+        response.headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response
 
 
@@ -170,18 +224,26 @@ class ClaimApi:
         clock: Clock | None = None,
         review_seconds: float = REVIEW_SECONDS,
         cache_size: int = REVIEW_CACHE_SIZE,
+        refusal_cache_size: int = REFUSAL_CACHE_SIZE,
+        review_rate: float = REVIEW_RATE,
+        review_burst: int = REVIEW_BURST,
+        review_concurrency: int = REVIEW_CONCURRENCY,
     ) -> None:
         self.client = client
         self.lookup = lookup
         self.clock = clock or SystemClock()
         self.review_seconds = review_seconds
         self.cache_size = cache_size
+        self.refusal_cache_size = refusal_cache_size
+        self.budget = ReviewBudget(self.clock, review_rate, review_burst, review_concurrency)
+        # An agent's reviews, and apart the refusals (never evicting an agent's).
         self.reviews: OrderedDict[str, tuple[float, Review]] = OrderedDict()
+        self.refusals: OrderedDict[str, tuple[float, Review]] = OrderedDict()
         self.token_reviews = 0  # TokenReviews sent
         self._reviewing: dict[str, asyncio.Future[Review]] = {}
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._counted])
+        app = web.Application(middlewares=[self._counted], client_max_size=MAX_BODY_BYTES)
         app.router.add_get("/v1/claims/{namespace}/{name}", self.claim)
         return app
 
@@ -211,6 +273,8 @@ class ClaimApi:
             )
         try:
             review = await self.review(token)
+        except Busy as err:
+            return _error(429, "TooManyRequests", str(err))
         except Unavailable as err:
             return _error(503, "Unavailable", f"the token could not be reviewed: {err}")
         if review.namespace is None or review.worker is None:
@@ -308,25 +372,42 @@ class ClaimApi:
     # -- TokenReviews ---------------------------------------------------------------
 
     async def review(self, token: str) -> Review:
-        """The TokenReview of ``token``, from the cache while it is fresh."""
+        """The TokenReview of ``token``, from the cache while it is fresh; ``Busy`` when
+        a new one would exceed the review budget."""
         key = hashlib.sha256(token.encode()).hexdigest()
         now = self.clock.monotonic()
-        cached = self.reviews.get(key)
-        if cached is not None:
-            if cached[0] > now:
-                self.reviews.move_to_end(key)
-                return cached[1]
-            del self.reviews[key]
+        for cache in (self.reviews, self.refusals):
+            cached = cache.get(key)
+            if cached is not None:
+                if cached[0] > now:
+                    cache.move_to_end(key)
+                    return cached[1]
+                del cache[key]
         pending = self._reviewing.get(key)
         if pending is None:
+            if not self.budget.take():
+                raise Busy(
+                    f"too many tokens to review now (at most {self.budget.rate:g} a second, "
+                    f"{self.budget.concurrency} at once); try again"
+                )
             pending = asyncio.ensure_future(self._review(token))
             self._reviewing[key] = pending
-            pending.add_done_callback(lambda _: self._reviewing.pop(key, None))
+
+            def reviewed(_: object) -> None:
+                self._reviewing.pop(key, None)
+                self.budget.done()
+
+            pending.add_done_callback(reviewed)
         review = await asyncio.shield(pending)
-        self.reviews[key] = (self.clock.monotonic() + self.review_seconds, review)
-        self.reviews.move_to_end(key)
-        while len(self.reviews) > self.cache_size:
-            self.reviews.popitem(last=False)
+        cache, size = (
+            (self.reviews, self.cache_size)
+            if review.namespace is not None
+            else (self.refusals, self.refusal_cache_size)
+        )
+        cache[key] = (self.clock.monotonic() + self.review_seconds, review)
+        cache.move_to_end(key)
+        while len(cache) > size:
+            cache.popitem(last=False)
         return review
 
     async def _review(self, token: str) -> Review:
@@ -381,6 +462,13 @@ class ClaimApi:
         return Review(namespace=agent[0], worker=agent[1])
 
 
+class _Refused(asyncio.Protocol):
+    """A connection beyond the server's limit: closed at once, unanswered."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
 def _bearer(header: str) -> str | None:
     scheme, _, token = header.partition(" ")
     token = token.strip()
@@ -394,11 +482,16 @@ class ClaimServer:
     TokenReviews and task reads never wait behind the controller's writes)."""
 
     def __init__(
-        self, api: ClaimApi, runner: web.AppRunner, tls: ServingCert | None = None
+        self,
+        api: ClaimApi,
+        runner: web.AppRunner,
+        tls: ServingCert | None = None,
+        listening: asyncio.Server | None = None,
     ) -> None:
         self.api = api
         self.runner = runner
         self.tls = tls
+        self.listening = listening
         self.watching: asyncio.Task[None] | None = None
 
     @classmethod
@@ -413,6 +506,7 @@ class ClaimServer:
         cert_file: str | None = None,
         key_file: str | None = None,
         reload_seconds: float = RELOAD_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> ClaimServer:
         """Serve on ``host:port``: over TLS with ``cert_file``/``key_file`` (claim_tls.py:
         re-read when they change; none loadable yet is no error here), else plain HTTP."""
@@ -421,21 +515,40 @@ class ClaimServer:
             tls.reload()
         client = kube.Client(kubeconfig, pool=8, timeout=timeout)
         api = ClaimApi(client, lookup or no_claims)
-        runner = web.AppRunner(api.app(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            api.app(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=KEEPALIVE_SECONDS,
+            max_headers=MAX_HEADERS,
+            max_line_size=MAX_LINE_CHARS,
+            max_field_size=MAX_TOKEN_CHARS + 64,
+        )
         await runner.setup()
+        handlers = runner.server
+        assert handlers is not None
+
+        def connection() -> asyncio.BaseProtocol:
+            # At most MAX_CONNECTIONS served at once; one more is closed unanswered.
+            if len(handlers.connections) >= max_connections:
+                metrics.CLAIM_API_REQUESTS.labels(code="refused").inc()
+                return _Refused()
+            return handlers()
+
         try:
-            await web.TCPSite(
-                runner,
+            listening = await asyncio.get_running_loop().create_server(
+                connection,
                 host,
                 port,
                 reuse_address=True,
-                ssl_context=tls.context if tls is not None else None,
-            ).start()
+                ssl=tls.context if tls is not None else None,
+                ssl_handshake_timeout=HANDSHAKE_SECONDS if tls is not None else None,
+            )
         except BaseException:
             await runner.cleanup()
             await client.close()
             raise
-        server = cls(api, runner, tls)
+        server = cls(api, runner, tls, listening)
         if tls is not None:
             server.watching = asyncio.create_task(tls.watch(reload_seconds), name="claim-tls")
             log.info("claim API on https://%s:%s (certificate %s)", host, port, cert_file)
@@ -457,6 +570,8 @@ class ClaimServer:
             self.watching.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self.watching
+        if self.listening is not None:
+            self.listening.close()
         with contextlib.suppress(Exception):
             await self.runner.cleanup()
         await self.api.client.close()

@@ -145,7 +145,7 @@ class Claims:
 
 @asynccontextmanager
 async def serving(
-    claims: Claims | None = None, *, cache_size: int = 4096
+    claims: Claims | None = None, *, cache_size: int = 4096, **limits: Any
 ) -> AsyncIterator[tuple[TestClient[Any, Any], FakeApiServer, ClaimApi, FakeClock]]:
     server = FakeApiServer()
     clock = FakeClock()
@@ -154,6 +154,7 @@ async def serving(
         claims if claims is not None else Claims((POOL, LEASE, REF)),
         clock=clock,
         cache_size=cache_size,
+        **limits,
     )
     client: TestClient[Any, Any] = TestClient(TestServer(api.app()))
     await client.start_server()
@@ -272,13 +273,71 @@ async def test_reviews_are_cached_for_a_minute_by_token_and_bounded() -> None:
         clock.advance(61)
         assert (await ask(client, "w1-token"))[0] == 200
         assert server.reviews() == 3
-        # Two entries at most: a third token pushes out the least recently used.
-        assert (await ask(client, "default-token"))[0] == 403
+        # Two agents' reviews at most: a third pushes out the least recently used.
+        assert (await ask(client, "pod-1-token"))[0] == 403  # (no claim of p-1's)
+        assert (await ask(client, "pod-2-token"))[0] == 403
         assert len(api.reviews) == 2
-        assert (await ask(client, "w1-token"))[0] == 200
-        assert server.reviews() == 4
-        assert (await ask(client, "w2-token"))[0] == 403
         assert server.reviews() == 5
+        assert (await ask(client, "w1-token"))[0] == 200
+        assert server.reviews() == 6
+
+
+@run
+async def test_a_flood_of_bogus_tokens_never_evicts_an_agents_review() -> None:
+    """Refusals are cached apart, in a cache of their own size: distinct bogus tokens,
+    however many, push out only each other."""
+    async with serving(cache_size=2, refusal_cache_size=3, review_burst=100) as (
+        client,
+        server,
+        api,
+        _,
+    ):
+        assert (await ask(client, "w1-token"))[0] == 200
+        for i in range(20):
+            assert (await ask(client, f"bogus-{i}"))[0] == 403
+        assert (len(api.reviews), len(api.refusals)) == (1, 3)
+        assert server.reviews() == 21
+        assert (await ask(client, "w1-token"))[0] == 200
+        assert server.reviews() == 21  # from the cache
+        assert (await ask(client, "bogus-19"))[0] == 403
+        assert server.reviews() == 21
+
+
+@run
+async def test_new_reviews_beyond_the_rate_are_429_with_retry_after() -> None:
+    """At most ``review_burst`` new TokenReviews at once, ``review_rate`` a second after:
+    the rest are 429 with Retry-After, never sent; a cached review still answers."""
+    before = counted(429)
+    async with serving(review_rate=2.0, review_burst=3) as (client, server, _, clock):
+        assert (await ask(client, "w1-token"))[0] == 200
+        for i in range(2):
+            assert (await ask(client, f"bogus-{i}"))[0] == 403
+        rsp = await client.get(URL, headers={"Authorization": "Bearer bogus-2"})
+        assert rsp.status == 429
+        assert rsp.headers["Retry-After"] == "1"
+        assert (await rsp.json())["error"] == "TooManyRequests"
+        assert server.reviews() == 3
+        assert (await ask(client, "w1-token"))[0] == 200  # cached: no review needed
+        assert (await ask(client, "w2-token"))[0] == 429
+        clock.advance(0.5)  # one more review's worth
+        assert (await ask(client, "w2-token"))[0] == 403
+        assert (await ask(client, "bogus-3"))[0] == 429
+        assert server.reviews() == 4
+    assert counted(429) == before + 3
+
+
+@run
+async def test_at_most_review_concurrency_reviews_are_in_flight() -> None:
+    async with serving(review_concurrency=2, review_burst=100) as (client, server, api, _):
+        server.review_delay = 0.05
+        answers = await asyncio.gather(*(ask(client, f"bogus-{i}") for i in range(5)))
+        assert sorted(code for code, _ in answers) == [403, 403, 429, 429, 429]
+        assert server.reviews() == 2
+        assert api.budget.in_flight == 0
+        # One token asked at once by many shares its one review, within the bound.
+        answers = await asyncio.gather(*(ask(client, "w1-token") for _ in range(5)))
+        assert [code for code, _ in answers] == [200] * 5
+        assert server.reviews() == 3
 
 
 @run
