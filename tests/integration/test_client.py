@@ -240,7 +240,7 @@ def test_a_task_deleted_while_waited_on(fleet: Fleet) -> None:
 
 def test_a_wait_watches_its_requests_do_not_grow_with_the_time_waited(fleet: Fleet) -> None:
     """A running task changed four times a second (an annotation): a wait of 2 s and
-    one of 8 s each make one LIST and one WATCH, and see every change."""
+    one of 8 s each make one LIST and one WATCH (resumed once at most), never a poll."""
     fleet.add_worker(worker("w", "llm"))
     fleet.agent("w", "hold")
     fleet.operator("--no-leader-election")
@@ -272,7 +272,12 @@ def test_a_wait_watches_its_requests_do_not_grow_with_the_time_waited(fleet: Fle
     finally:
         stop.set()
         ticker.join()
-    assert counts == {2.0: ["GET", "WATCH"], 8.0: ["GET", "WATCH"]}
+    # One LIST and one WATCH each, however long the wait: no polling. A watch the
+    # server or the transport ended mid-wait is resumed from its last resourceVersion
+    # (one more WATCH, no LIST): seen once under load, so one resumption is allowed.
+    for seconds, sent in counts.items():
+        assert sent[:2] == ["GET", "WATCH"], (seconds, sent)
+        assert sent[2:] in ([], ["WATCH"]), (seconds, sent)
     ticks = int(fleet.task("held")["metadata"]["annotations"]["example.com/tick"])
     assert ticks > 25  # the task did change, all the time
 
