@@ -13,19 +13,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from agentq.controlplane.pki import new_key, pem_key
+
 SERVICE_NAME = "agentq-operator-claims.agentq-system.svc"
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 @dataclass
@@ -35,7 +25,7 @@ class Ca:
 
     @classmethod
     def make(cls, name: str = "agentq-test-ca") -> Ca:
-        key = _key()
+        key = new_key()
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.UTC)
         cert = (
@@ -82,7 +72,7 @@ class Ca:
     ) -> tuple[bytes, bytes]:
         """``(certificate PEM, key PEM)`` of a serving certificate for ``names`` (DNS
         names, or IP addresses)."""
-        key = _key()
+        key = new_key()
         now = datetime.datetime.now(datetime.UTC)
         sans: list[x509.GeneralName] = []
         for name in names:
@@ -103,7 +93,7 @@ class Ca:
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(self.key, hashes.SHA256())
         )
-        return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
+        return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
 
     def write_serving(
         self,

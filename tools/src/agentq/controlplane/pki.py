@@ -57,11 +57,13 @@ class Pki:
 FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A P-256 key, the kind every certificate here carries."""
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+def pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as unencrypted PKCS#8 PEM."""
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -156,7 +158,7 @@ def _issue(
     ca_cert = x509.load_pem_x509_certificate(ca.ca_cert.read_bytes())
     ca_key = serialization.load_pem_private_key(ca.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
-    key = _key()
+    key = new_key()
     cert = _cert(
         subject=subject,
         key=key,
@@ -166,7 +168,7 @@ def _issue(
         server_names=server_names,
         server_ips=server_ips,
     )
-    _write(key_path, _pem_key(key))
+    _write(key_path, pem_key(key))
     _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
 
 
@@ -229,13 +231,13 @@ def generate(directory: Path) -> Pki:
         front_proxy_client_cert=directory / "front-proxy-client.crt",
         front_proxy_client_key=directory / "front-proxy-client.key",
     )
-    ca_key = _key()
+    ca_key = new_key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-local-ca")])
     ca = _cert(subject=ca_name, key=ca_key, issuer=ca_name, issuer_key=ca_key, ca=True)
-    _write(pki.ca_key, _pem_key(ca_key))
+    _write(pki.ca_key, pem_key(ca_key))
     _write(pki.ca_cert, ca.public_bytes(serialization.Encoding.PEM))
 
-    serving_key = _key()
+    serving_key = new_key()
     serving = _cert(
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
         key=serving_key,
@@ -250,10 +252,10 @@ def generate(directory: Path) -> Pki:
         ),
         server_ips=("127.0.0.1", SERVICE_IP),
     )
-    _write(pki.serving_key, _pem_key(serving_key))
+    _write(pki.serving_key, pem_key(serving_key))
     _write(pki.serving_cert, serving.public_bytes(serialization.Encoding.PEM))
 
-    admin_key = _key()
+    admin_key = new_key()
     admin = _cert(
         subject=x509.Name(
             [
@@ -266,16 +268,16 @@ def generate(directory: Path) -> Pki:
         issuer_key=ca_key,
         client=True,
     )
-    _write(pki.admin_key, _pem_key(admin_key))
+    _write(pki.admin_key, pem_key(admin_key))
     _write(pki.admin_cert, admin.public_bytes(serialization.Encoding.PEM))
 
     # Its own CA: a client certificate of the cluster's CA must not pass for the proxy.
-    fp_key = _key()
+    fp_key = new_key()
     fp_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-front-proxy-ca")])
     fp_ca = _cert(subject=fp_name, key=fp_key, issuer=fp_name, issuer_key=fp_key, ca=True)
     assert pki.front_proxy_ca_cert and pki.front_proxy_client_cert and pki.front_proxy_client_key
     _write(pki.front_proxy_ca_cert, fp_ca.public_bytes(serialization.Encoding.PEM))
-    proxy_key = _key()
+    proxy_key = new_key()
     proxy = _cert(
         subject=_name(FRONT_PROXY_CLIENT),
         key=proxy_key,
@@ -283,11 +285,11 @@ def generate(directory: Path) -> Pki:
         issuer_key=fp_key,
         client=True,
     )
-    _write(pki.front_proxy_client_key, _pem_key(proxy_key))
+    _write(pki.front_proxy_client_key, pem_key(proxy_key))
     _write(pki.front_proxy_client_cert, proxy.public_bytes(serialization.Encoding.PEM))
 
-    sa_key = _key()
-    _write(pki.sa_key, _pem_key(sa_key))
+    sa_key = new_key()
+    _write(pki.sa_key, pem_key(sa_key))
     _write(
         pki.sa_pub,
         sa_key.public_key().public_bytes(
