@@ -272,26 +272,21 @@ def test_two_teams_share_one_pool_on_real_pods(platform: Platform, tmp_path: Pat
 
     # -- the late team's share -----------------------------------------------------------
     load_started = time.monotonic()
-    k.kubectl(
-        "apply", "-f", "-",
-        input=to_yaml([
-            team_task("team-a", f"a-{i:03d}", "team-a", payload={"n": i})
-            for i in range(A_TASKS)
-        ]),
-    )  # fmt: skip
+
+    def queue(team: str, count: int) -> None:
+        tasks = [
+            team_task(team, f"{team[-1]}-{i:03d}", team, payload={"n": i}) for i in range(count)
+        ]
+        k.kubectl("apply", "-f", "-", input=to_yaml(tasks))
+
+    queue("team-a", A_TASKS)
     say(f"team-a queued {A_TASKS} tasks ({WORK_SECONDS}s of work each)")
 
     def a_done() -> int:
         return sum(phase(t) == "Succeeded" for t in k.tasks("team-a"))
 
     wait_for(f"team-a's first {B_AFTER} completions", lambda: a_done() >= B_AFTER, 240, every=0.5)
-    k.kubectl(
-        "apply", "-f", "-",
-        input=to_yaml([
-            team_task("team-b", f"b-{i:03d}", "team-b", payload={"n": i})
-            for i in range(B_TASKS)
-        ]),
-    )  # fmt: skip
+    queue("team-b", B_TASKS)
     say(f"team-b queued {B_TASKS} tasks after team-a's first {B_AFTER} completions")
 
     def everything() -> list[dict[str, Any]] | None:

@@ -9,13 +9,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import NameOID
 
-from agentq.controlplane.pki import new_key, pem_key
+from agentq.controlplane.pki import issue_cert, new_key, pem_key
 
 SERVICE_NAME = "agentq-operator-claims.agentq-system.svc"
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass
@@ -28,30 +36,14 @@ class Ca:
         key = new_key()
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
         now = datetime.datetime.now(datetime.UTC)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(key, hashes.SHA256())
+        cert = issue_cert(
+            subject=subject,
+            key=key,
+            issuer=subject,
+            issuer_key=key,
+            ca=True,
+            not_before=now - datetime.timedelta(days=1),
+            not_after=now + datetime.timedelta(days=30),
         )
         return cls(key, cert)
 
@@ -74,24 +66,16 @@ class Ca:
         names, or IP addresses)."""
         key = new_key()
         now = datetime.datetime.now(datetime.UTC)
-        sans: list[x509.GeneralName] = []
-        for name in names:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(name)))
-            except ValueError:
-                sans.append(x509.DNSName(name))
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(not_before or now - datetime.timedelta(hours=1))
-            .not_valid_after(not_after or now + datetime.timedelta(days=7))
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(self.key, hashes.SHA256())
+        ips = tuple(n for n in names if _is_ip(n))
+        cert = issue_cert(
+            subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]),
+            key=key,
+            issuer=self.cert.subject,
+            issuer_key=self.key,
+            server_names=tuple(n for n in names if n not in ips),
+            server_ips=ips,
+            not_before=not_before or now - datetime.timedelta(hours=1),
+            not_after=not_after or now + datetime.timedelta(days=7),
         )
         return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
 

@@ -167,12 +167,26 @@ class ReviewBudget:
         self.in_flight -= 1
 
 
-def agent_of(username: str) -> tuple[str, str] | None:
-    """``(namespace, worker)`` of ``system:serviceaccount:<namespace>:agentq-agent-<worker>``."""
+def service_account(username: str) -> tuple[str, str] | None:
+    """``(namespace, account)`` of ``system:serviceaccount:<namespace>:<account>``."""
     parts = username.split(":")
     if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
         return None
-    namespace, account = parts[2], parts[3]
+    return parts[2], parts[3]
+
+
+def pool_account(username: str) -> bool:
+    """Whether ``username`` is an autoscaled pool's account (``agentq-pool-<pool>``)."""
+    account = service_account(username)
+    return account is not None and account[1].startswith(POOL_ACCOUNT_PREFIX)
+
+
+def agent_of(username: str) -> tuple[str, str] | None:
+    """``(namespace, worker)`` of ``system:serviceaccount:<namespace>:agentq-agent-<worker>``."""
+    parsed = service_account(username)
+    if parsed is None:
+        return None
+    namespace, account = parsed
     worker = account.removeprefix(AGENT_ACCOUNT_PREFIX)
     if not namespace or worker == account or not worker:
         return None
@@ -183,10 +197,10 @@ def pool_pod_of(username: str, extra: Any) -> tuple[str, str, str] | None:
     """``(namespace, pod name, pod UID)`` of
     ``system:serviceaccount:<namespace>:agentq-pool-<pool>`` whose token is bound to a
     pod (``extra``: the TokenReview's ``user.extra``)."""
-    parts = username.split(":")
-    if len(parts) != 4 or parts[:2] != ["system", "serviceaccount"]:
+    parsed = service_account(username)
+    if parsed is None:
         return None
-    namespace, account = parts[2], parts[3]
+    namespace, account = parsed
     if not namespace or not account.startswith(POOL_ACCOUNT_PREFIX):
         return None
     if account == POOL_ACCOUNT_PREFIX or not isinstance(extra, dict):
@@ -440,12 +454,7 @@ class ClaimApi:
             return Review(refusal=f"the token is not for audience {AUDIENCE}")
         user = status.get("user") or {}
         username = str(user.get("username") or "")
-        parts = username.split(":")
-        if (
-            len(parts) == 4
-            and parts[:2] == ["system", "serviceaccount"]
-            and parts[3].startswith(POOL_ACCOUNT_PREFIX)
-        ):
+        if pool_account(username):
             pod = pool_pod_of(username, user.get("extra"))
             if pod is None:
                 return Review(

@@ -216,11 +216,7 @@ class WorkerLeaseKeeper:
         self._acquired(created, sent, serve_from_rv=0)
 
     async def _take(self, current: Body, *, serve_from_rv: int | None) -> None:
-        body = copy.deepcopy(current)
-        body["metadata"].pop("managedFields", None)
-        body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
-        self._owned(body["metadata"])
-        self._mark_draining(body)
+        body = self._ours(current)
         now = micro_rfc3339(self.clock.now())
         spec = body.setdefault("spec", {})
         if spec.get("holderIdentity") != self.identity:
@@ -311,15 +307,21 @@ class WorkerLeaseKeeper:
         return written
 
     def _renewed(self, lease: Body) -> Body:
+        body = self._ours(lease)
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = self.identity
+        spec["leaseDurationSeconds"] = self.duration
+        spec["renewTime"] = micro_rfc3339(self.clock.now())
+        return body
+
+    def _ours(self, lease: Body) -> Body:
+        """A copy of ``lease`` to write back as ours: our labels, owner and draining mark
+        (without the managed fields the API server keeps)."""
         body = copy.deepcopy(lease)
         body["metadata"].pop("managedFields", None)
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
         self._owned(body["metadata"])
         self._mark_draining(body)
-        spec = body.setdefault("spec", {})
-        spec["holderIdentity"] = self.identity
-        spec["leaseDurationSeconds"] = self.duration
-        spec["renewTime"] = micro_rfc3339(self.clock.now())
         return body
 
     def _deleted(self) -> None:

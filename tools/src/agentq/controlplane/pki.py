@@ -76,7 +76,7 @@ def _write(path: Path, data: bytes) -> None:
     path.chmod(0o600)
 
 
-def _cert(
+def issue_cert(
     *,
     subject: x509.Name,
     key: ec.EllipticCurvePrivateKey,
@@ -86,7 +86,12 @@ def _cert(
     server_names: tuple[str, ...] = (),
     server_ips: tuple[str, ...] = (),
     client: bool = False,
+    not_before: datetime.datetime | None = None,
+    not_after: datetime.datetime | None = None,
 ) -> x509.Certificate:
+    """A certificate of ``key`` for ``subject``, signed by ``issuer_key``: a CA's, a
+    server's (its names and IPs) or a client's; valid from 5 minutes ago for a year
+    unless ``not_before``/``not_after`` say otherwise."""
     now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
@@ -94,8 +99,8 @@ def _cert(
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_before(not_before or now - datetime.timedelta(minutes=5))
+        .not_valid_after(not_after or now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
     )
     if ca:
@@ -159,7 +164,7 @@ def _issue(
     ca_key = serialization.load_pem_private_key(ca.ca_key.read_bytes(), password=None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = new_key()
-    cert = _cert(
+    cert = issue_cert(
         subject=subject,
         key=key,
         issuer=ca_cert.subject,
@@ -233,12 +238,12 @@ def generate(directory: Path) -> Pki:
     )
     ca_key = new_key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-local-ca")])
-    ca = _cert(subject=ca_name, key=ca_key, issuer=ca_name, issuer_key=ca_key, ca=True)
+    ca = issue_cert(subject=ca_name, key=ca_key, issuer=ca_name, issuer_key=ca_key, ca=True)
     _write(pki.ca_key, pem_key(ca_key))
     _write(pki.ca_cert, ca.public_bytes(serialization.Encoding.PEM))
 
     serving_key = new_key()
-    serving = _cert(
+    serving = issue_cert(
         subject=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
         key=serving_key,
         issuer=ca_name,
@@ -256,7 +261,7 @@ def generate(directory: Path) -> Pki:
     _write(pki.serving_cert, serving.public_bytes(serialization.Encoding.PEM))
 
     admin_key = new_key()
-    admin = _cert(
+    admin = issue_cert(
         subject=x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
@@ -274,11 +279,11 @@ def generate(directory: Path) -> Pki:
     # Its own CA: a client certificate of the cluster's CA must not pass for the proxy.
     fp_key = new_key()
     fp_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentq-front-proxy-ca")])
-    fp_ca = _cert(subject=fp_name, key=fp_key, issuer=fp_name, issuer_key=fp_key, ca=True)
+    fp_ca = issue_cert(subject=fp_name, key=fp_key, issuer=fp_name, issuer_key=fp_key, ca=True)
     assert pki.front_proxy_ca_cert and pki.front_proxy_client_cert and pki.front_proxy_client_key
     _write(pki.front_proxy_ca_cert, fp_ca.public_bytes(serialization.Encoding.PEM))
     proxy_key = new_key()
-    proxy = _cert(
+    proxy = issue_cert(
         subject=_name(FRONT_PROXY_CLIENT),
         key=proxy_key,
         issuer=fp_name,
