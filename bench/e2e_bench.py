@@ -7,10 +7,11 @@ other even on a shared machine):
    ``agentq agent-sim`` pair of processes (agent-sim completes each task at once), K
    AgentWorkers of S slots; N no-op AgentTasks created at once by 8 clients (a
    backlog), then M more paced at half the measured rate (no backlog: the latency of
-   an idle slot). Measured: completed tasks/s in steady state (the first and last 10 %
-   of completions left out); the latency of each step of a task's life, p50/p99, from
-   a watch of tasks and Leases and agent-sim's own output, all on this process's
-   clock; API requests per completed task by resource and verb (the API server's
+   an idle slot), then W tasks of 0.5-1.5 s of agent work created at once (the slots,
+   not the machine, bound the rate). Measured: completed tasks/s in steady state (the
+   first and last 10 % of completions left out); the latency of each step of a task's
+   life, p50/p99, from a watch of tasks and Leases and agent-sim's own output, all on
+   this process's clock; API requests per completed task by resource and verb (the API server's
    ``apiserver_request_total``, read before and after, less what the idle fleet makes
    in the same time); API server, etcd, controller-manager, operator, sidecar and
    agent-sim CPU per completed task (``/proc/<pid>/stat``, less the idle rate).
@@ -41,6 +42,7 @@ import json
 import math
 import os
 import platform
+import random
 import shutil
 import signal
 import statistics
@@ -81,6 +83,9 @@ from e2e_common import (  # noqa: E402
 )
 
 OUT = HERE / "out"
+# The slot-bound backlog's tasks: agent-sim works a time drawn in this range on each (real
+# agents' tasks take seconds, and vary), so the slots bound the rate, not the machine.
+WORK_SECONDS = (0.5, 1.5)
 DOCS = ROOT / "docs" / "benchmarks.md"
 SECTION_START = "<!-- bench-e2e:start -->"
 SECTION_END = "<!-- bench-e2e:end -->"
@@ -495,6 +500,9 @@ class Phase:
     cpu_ms: dict[str, float] = field(default_factory=dict)  # per task
     steps: dict[str, tuple[float, float, int]] = field(default_factory=dict)  # p50, p99 ms, n
     errors: list[str] = field(default_factory=list)
+    # Task -> the seconds agent-sim works on it (its payload's ``workSeconds``); none: no-op.
+    work: dict[str, float] = field(default_factory=dict)
+    paced: bool = False  # created at a set rate (no backlog): no tasks/s of its own
 
 
 def latencies(phase: Phase, rec: Recorder, backlog: bool) -> None:
@@ -618,7 +626,9 @@ async def measure_phase(
     c0 = await api_counters(rig.api)
     cpu0 = {**rig.control_plane_cpu(), **rig.agentq_cpu()}
     started = time.monotonic()
-    refused = await create_tasks(rig.api, ns, phase.names, rec, concurrency=8, rate=rate)
+    refused = await create_tasks(
+        rig.api, ns, phase.names, rec, concurrency=8, rate=rate, work=phase.work
+    )
     if refused:
         phase.errors.append(f"{refused} creates refused")
     await wait_done(rec, phase.names, rig, timeout=max(300.0, 2.0 * len(phase.names)))
@@ -674,7 +684,9 @@ async def agentq_run(
     rec = Recorder(rig.api, ns)
     await rec.start()
     rig.start_operator(ns)
-    rig.start_agents(ns, workers, rec.on_agent_line)
+    rig.start_agents(
+        ns, workers, rec.on_agent_line, work_seconds=getattr(args, "work_seconds", 0.0)
+    )
     await rig.wait_workers_ready(ns, len(workers))
     await asyncio.sleep(3.0)  # the sidecars' first watches and polls settle
     await quiet(rig.api, activity, limit=60.0)
@@ -699,12 +711,26 @@ async def agentq_run(
     if args.paced:
         rate = args.paced_rate or max(1.0, round(backlog.rate / 2, 1))
         paced = Phase(
-            f"paced: {args.paced} tasks at {rate:g}/s", [f"p{i:05d}" for i in range(args.paced)]
+            f"paced: {args.paced} tasks at {rate:g}/s",
+            [f"p{i:05d}" for i in range(args.paced)],
+            paced=True,
         )
         print(f"== agentq {paced.name}", flush=True)
         await measure_phase(rig, rec, ns, paced, background=background, rate=rate, profile=False)
         print(f"   {paced.steps}", flush=True)
         phases.append(paced)
+    if getattr(args, "work_tasks", 0):
+        low, high = WORK_SECONDS
+        rng = random.Random(18)
+        work = Phase(
+            f"slot-bound: {args.work_tasks} tasks of {low:g}-{high:g} s of work created at once",
+            [f"w{i:05d}" for i in range(args.work_tasks)],
+        )
+        work.work = {n: round(rng.uniform(low, high), 3) for n in work.names}
+        print(f"== agentq {work.name}", flush=True)
+        await measure_phase(rig, rec, ns, work, background=background, rate=None, profile=False)
+        print(f"   {work.rate:.1f} tasks/s; {work.steps}", flush=True)
+        phases.append(work)
     sample = await sample_objects(rig.api, ns, backlog.names[len(backlog.names) // 2])
     await rec.stop()
     zero = min(t.created for t in rec.tasks.values() if t.created is not None)
@@ -845,6 +871,7 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
     full: Ceiling = result["ceiling"]
     minimal: Ceiling | None = result.get("minimal")
     api_cpu = backlog.cpu_ms.get("kube-apiserver", math.nan)
+    slot_bound = [ph for ph in phases if ph.work]
     lines = [
         SECTION_START,
         "## No-op tasks through real sidecars (`make bench-e2e`)",
@@ -856,7 +883,16 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
         f"processes (agent-sim completes each task at once), {result['agents']} AgentWorkers "
         f"of {result['slots']} slots. The backlog: {len(backlog.names)} no-op tasks created at "
         "once by 8 clients; throughput is counted between the first and the last 10 % of "
-        "completions. The ceiling: a plain aiohttp client, 32 tasks at a time, making exactly "
+        "completions."
+        + (
+            f" The slot-bound backlog: {len(slot_bound[0].names)} tasks on each of which "
+            f"agent-sim works {WORK_SECONDS[0]:g}-{WORK_SECONDS[1]:g} s (its payload's "
+            "`workSeconds`, drawn uniformly, seeded), created at once: the slots, not the "
+            "machine's cores, bound the rate, as with real agents' tasks."
+            if slot_bound
+            else ""
+        )
+        + " The ceiling: a plain aiohttp client, 32 tasks at a time, making exactly "
         "the writes of one task's life in agentq, in the same run (before and after agentq; "
         "the minimal life, without the Running status and Event, right after the first). "
         "CPU and requests per task are net of what the idle fleet (or the idle control "
@@ -870,7 +906,7 @@ def render(result: dict[str, Any], command: str, started: float) -> str:
     for ph in phases:
         c = ph.cpu_ms
         lines.append(
-            f"| agentq, {ph.name} | {fmt(ph.rate if ph is backlog else math.nan)} | "
+            f"| agentq, {ph.name} | {fmt(math.nan if ph.paced else ph.rate)} | "
             f"{fmt(c.get('kube-apiserver', math.nan))} | {fmt(c.get('etcd', math.nan))} | "
             f"{fmt(c.get('kube-controller-manager', math.nan))} | "
             f"{fmt(c.get('operator', math.nan))} | {fmt(c.get('sidecars', math.nan))} | "
@@ -1075,7 +1111,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             # More rounds, each a backlog between two ceiling runs: on a shared machine the
             # load moves, and the ratio of neighbours is steadier than one figure.
             print(f"== round {r}", flush=True)
-            again = argparse.Namespace(**{**vars(args), "paced": 0, "profile": False})
+            again = argparse.Namespace(
+                **{**vars(args), "paced": 0, "work_tasks": 0, "profile": False}
+            )
             more, _, _ = await agentq_run(rig, again)
             runs.append(await ceiling(rig, args.ceiling_tasks, args.concurrency, idle))
             rounds.append((more[0].rate, runs[-2].tasks_per_s, runs[-1].tasks_per_s))
@@ -1123,6 +1161,13 @@ def main() -> None:
     parser.add_argument("--paced", type=int, default=100, help="tasks paced after the backlog")
     parser.add_argument(
         "--paced-rate", type=float, default=0.0, help="their rate (default: half the backlog's)"
+    )
+    parser.add_argument(
+        "--work-tasks",
+        type=int,
+        default=400,
+        help="tasks of {:g}-{:g} s of agent work after the paced ones (the slots, not "
+        "the machine, bound the rate; 0: none)".format(*WORK_SECONDS),
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="backlogs, each between two ceiling runs"

@@ -576,8 +576,13 @@ async def count(api: Api, path: str) -> int:
 # -- the rig -------------------------------------------------------------------------
 
 
-def task_body(name: str, *, lease: int = 30, **spec: Any) -> dict[str, Any]:
-    """A no-op AgentTask."""
+def task_body(
+    name: str, *, lease: int = 30, work_seconds: float | None = None, **spec: Any
+) -> dict[str, Any]:
+    """A no-op AgentTask, or (``work_seconds``) one agent-sim works on that long."""
+    payload: dict[str, Any] = {"prompt": f"no-op {name}"}
+    if work_seconds is not None:
+        payload["workSeconds"] = work_seconds
     return {
         "apiVersion": "agentq.dev/v1alpha1",
         "kind": "AgentTask",
@@ -585,7 +590,7 @@ def task_body(name: str, *, lease: int = 30, **spec: Any) -> dict[str, Any]:
         "spec": {
             "requiredCapabilities": ["llm"],
             "leaseDurationSeconds": lease,
-            "payload": {"prompt": f"no-op {name}"},
+            "payload": payload,
             **spec,
         },
     }
@@ -610,6 +615,14 @@ class Rig:
     src: Path | None = None
     # Flags for kube-apiserver beyond the defaults (the soak's ``--event-ttl``).
     apiserver_flags: tuple[str, ...] = ()
+    # Run the operator and the sidecars as installed (``kubectl apply -k manifests/``):
+    # each with its ServiceAccount's token, bound by the manifests' RBAC, under their
+    # admission policies (``install_policies``), the operator electing its leader on
+    # agentq-system/agentq-operator. False: the admin client certificate, which the API
+    # server verifies on every request (a tenth of its CPU in a backlog).
+    accounts: bool = False
+    # The operator's autogroup nice value (0: the same share as each agent process).
+    operator_nice: int = 0
 
     def up(self) -> None:
         self.cluster = Cluster(self.workdir / "cluster")
@@ -627,6 +640,60 @@ class Rig:
             "crd/agentqueues.agentq.dev",
             "crd/agentbudgets.agentq.dev",
         )
+
+    def install_policies(self) -> None:
+        """The RBAC and admission policies of the install base, without the operator's
+        Deployment: what ``accounts`` runs under."""
+        manifests = (self.src or ROOT) / "manifests"
+        for name in (
+            "namespace.yaml",
+            "operator-rbac.yaml",
+            "agent-rbac.yaml",
+            "admission-policy.yaml",
+            "operator-policy.yaml",
+            "leader-epoch-policy.yaml",
+        ):
+            if (manifests / name).exists():
+                self.kubectl("apply", "-f", str(manifests / name))
+
+    def account_kubeconfig(self, namespace: str, account: str, *, role: str = "") -> str:
+        """A kubeconfig with a TokenRequest token of ``namespace/account`` (created if
+        missing, and bound to ClusterRole ``role`` in its namespace if given)."""
+        path = self.workdir / f"kubeconfig-{namespace}-{account}"
+        if path.exists():
+            return str(path)
+        self._kubectl_idempotent("create", "serviceaccount", "-n", namespace, account)
+        if role:
+            subject = f"--serviceaccount={namespace}:{account}"
+            self._kubectl_idempotent(
+                "create", "rolebinding", "-n", namespace, account, f"--clusterrole={role}", subject
+            )
+        token = self._kubectl_out("create", "token", "-n", namespace, account, "--duration=12h")
+        config = json.loads(self._kubectl_out("config", "view", "--raw", "-o", "json"))
+        for user in config["users"]:
+            user["user"] = {"token": token.strip()}
+        path.write_text(json.dumps(config))
+        path.chmod(0o600)
+        return str(path)
+
+    def _kubectl_out(self, *args: str) -> str:
+        assert self.state is not None
+        done = subprocess.run(
+            [self.state.binaries["kubectl"], *args],
+            env={**os.environ, "KUBECONFIG": self.state.kubeconfig},
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr}")
+        return done.stdout
+
+    def _kubectl_idempotent(self, *args: str) -> None:
+        try:
+            self._kubectl_out(*args)
+        except RuntimeError as err:
+            if "already exists" not in str(err):
+                raise
 
     async def down(self) -> None:
         for proc in reversed(self.procs):
@@ -675,6 +742,11 @@ class Rig:
 
     def start_operator(self, ns: str, *flags: str) -> Proc:
         self.operator_metrics_port = free_port()
+        env = self._env()
+        leader_ns = ns
+        if self.accounts:
+            env["KUBECONFIG"] = self.account_kubeconfig("agentq-system", "agentq-operator")
+            leader_ns = "agentq-system"
         argv = [
             sys.executable,
             "-m",
@@ -683,14 +755,18 @@ class Rig:
             "--namespace",
             ns,
             "--leader-namespace",
-            ns,
+            leader_ns,
             "--metrics-port",
             str(self.operator_metrics_port),
             *(["--log-level", self.log_level] if self.log_level else []),
             *flags,
         ]
-        self.operator = Proc("operator", argv, self.workdir / "operator.log", self._env())
+        self.operator = Proc("operator", argv, self.workdir / "operator.log", env)
         self.procs.append(self.operator)
+        if self.operator_nice:
+            # A session of its own, so an autogroup of its own: its CPU share against the
+            # agent processes it shares the machine with here (on a cluster, its pod's).
+            Path(f"/proc/{self.operator.pid}/autogroup").write_text(str(self.operator_nice))
         return self.operator
 
     async def create_workers(self, ns: str, count: int, slots: int) -> list[str]:
@@ -733,7 +809,11 @@ class Rig:
                 token_file=str(self.workdir / f"sidecar-token-{worker}"),
                 metrics_port=metrics_port,
                 behaviour="complete",
-                kubeconfig=self.state.kubeconfig,
+                kubeconfig=(
+                    self.account_kubeconfig(ns, f"agentq-agent-{worker}", role="agentq-agent")
+                    if self.accounts
+                    else self.state.kubeconfig
+                ),
                 identity=f"{worker}-pod",
                 sidecar_flags={"log_level": self.log_level} if self.log_level else {},
                 agent_flags={"work_seconds": work_seconds},
@@ -802,10 +882,12 @@ async def create_tasks(
     *,
     concurrency: int = 8,
     rate: float | None = None,
+    work: dict[str, float] | None = None,
     **spec: Any,
 ) -> int:
     """Create the tasks (``concurrency`` clients at once, or paced at ``rate`` per
-    second); stamps each create's answer. Returns how many were refused."""
+    second); stamps each create's answer. ``work``: task -> the seconds agent-sim works
+    on it (its payload's ``workSeconds``). Returns how many were refused."""
     refused = 0
     start = time.monotonic()
 
@@ -813,7 +895,8 @@ async def create_tasks(
         nonlocal refused
         if rate:
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
-        status, body = await api.request("POST", TASKS.format(ns=ns), task_body(name, **spec))
+        body = task_body(name, work_seconds=(work or {}).get(name), **spec)
+        status, body = await api.request("POST", TASKS.format(ns=ns), body)
         if status not in (200, 201):
             refused += 1
             print(f"create {name}: HTTP {status}: {str(body)[:200]}", flush=True)

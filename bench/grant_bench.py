@@ -16,6 +16,10 @@ variant.
         c8::AGENTQ_WRITE_CONCURRENCY=8          this tree, an operator setting
         prio::nice=-10                          the control plane's CPU share raised
                                                 (its processes' autogroup nice value)
+        op::operator_nice=-5                    the operator's CPU share raised
+        sa::accounts=1                          the operator and the sidecars with
+                                                their ServiceAccounts' tokens, under the
+                                                install's RBAC and admission policies
 
 usage: python bench/grant_bench.py --variant before:/tmp/before --variant after
        [--rounds 3] [--tasks 400] [--agents 4] [--slots 8] [--profile] [--json FILE]
@@ -68,6 +72,8 @@ class Variant:
     src: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     nice: int = 0
+    accounts: bool = False
+    operator_nice: int = 0
 
 
 def parse_variant(text: str) -> Variant:
@@ -76,7 +82,10 @@ def parse_variant(text: str) -> Variant:
     src, _, settings = rest.partition(":")
     env = dict(item.split("=", 1) for item in settings.split(",") if item)
     nice = int(env.pop("nice", "0"))
-    return Variant(name, Path(src).resolve() if src and src != "." else None, env, nice)
+    accounts = env.pop("accounts", "0") not in ("0", "")
+    operator_nice = int(env.pop("operator_nice", "0"))
+    src_path = Path(src).resolve() if src and src != "." else None
+    return Variant(name, src_path, env, nice, accounts, operator_nice)
 
 
 def spans(sample: dict[str, Any]) -> dict[str, list[float]]:
@@ -141,7 +150,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 async def run(args: argparse.Namespace, variants: list[Variant]) -> dict[str, dict[str, Any]]:
     workdir = fresh_workdir("agentq-bench-grant-")
-    rig = Rig(workdir, log_level=args.log_level, src=variants[0].src)
+    rig = Rig(
+        workdir,
+        log_level=args.log_level,
+        src=variants[0].src,
+        apiserver_flags=tuple(args.apiserver_flag),
+    )
     results: dict[str, dict[str, Any]] = {
         v.name: {"spans": collections.defaultdict(list), "rates": [], "load": [], "cpu_ms": []}
         for v in variants
@@ -149,6 +163,8 @@ async def run(args: argparse.Namespace, variants: list[Variant]) -> dict[str, di
     saved = dict(os.environ)
     try:
         rig.up()
+        if any(v.accounts for v in variants):
+            rig.install_policies()
         await quiet(rig.api, activity, limit=60.0)
         run_args = argparse.Namespace(
             agents=args.agents,
@@ -158,10 +174,13 @@ async def run(args: argparse.Namespace, variants: list[Variant]) -> dict[str, di
             paced_rate=0.0,
             profile=args.profile,
             idle_seconds=1.0,
+            work_seconds=args.work_seconds,
         )
         for r in range(args.rounds):
             for variant in variants if r % 2 == 0 else list(reversed(variants)):
                 rig.src = variant.src
+                rig.accounts = variant.accounts
+                rig.operator_nice = variant.operator_nice
                 set_controlplane_nice(rig, variant.nice)
                 os.environ.clear()
                 os.environ.update({**saved, **variant.env})  # the processes' environment
@@ -220,9 +239,21 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=400, help="the backlog's tasks (N)")
     parser.add_argument("--agents", type=int, default=4, help="agent pods (K)")
     parser.add_argument("--slots", type=int, default=8, help="slots (maxInFlight) per agent")
+    parser.add_argument(
+        "--work-seconds",
+        type=float,
+        default=0.0,
+        help="agent-sim works this long on each task (0: no-op tasks)",
+    )
     parser.add_argument("--log-level", help="of the operator and the sidecars")
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the operator and a sidecar (bench/out/)"
+    )
+    parser.add_argument(
+        "--apiserver-flag",
+        action="append",
+        default=[],
+        help="a kube-apiserver flag beyond the defaults (repeat; e.g. --profiling=true)",
     )
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     parser.add_argument("--keep", action="store_true", help="keep the logs")

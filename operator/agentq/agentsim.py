@@ -6,7 +6,8 @@ sink (``agentq.fencing``), never the Kubernetes API. For each new attempt it
 behaves as told:
 
 - ``complete``: heartbeat; do the work (one blocking call of ``--work-seconds``,
-  like a model call that checks nothing while it runs); write the output to the
+  or of the payload's ``workSeconds`` when it is a number from 0 to 3600, like a
+  model call that checks nothing while it runs); write the output to the
   sink; report Succeeded with ``{"by": <worker>}``
 - ``fail``:     the same, then report a retryable failure
 - ``fatal``:    the same, then report a non-retryable failure
@@ -139,6 +140,20 @@ def _flags(options: dict[str, Any]) -> list[str]:
     return out
 
 
+MAX_WORK_SECONDS = 3600.0
+
+
+def work_seconds(payload: dict[str, Any], default: float) -> float:
+    """How long an attempt's work takes: the payload's ``workSeconds`` (a number from 0
+    to ``MAX_WORK_SECONDS``: tasks of different lengths in one run), else ``default``."""
+    value = payload.get("workSeconds")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return default
+    if not 0 <= value <= MAX_WORK_SECONDS:  # NaN fails both
+        return default
+    return float(value)
+
+
 class AgentSim:
     def __init__(
         self,
@@ -254,7 +269,8 @@ class AgentSim:
             self._with_sink(lambda sink: sink.fence(a.task, a.token), a, "sink-fenced")
             payload = a.payload if isinstance(a.payload, dict) else {}
             _throttle(lease, a, payload.get("throttled"))
-            time.sleep(self.work_seconds)  # the work: one blocking call that checks nothing
+            # The work: one blocking call that checks nothing.
+            time.sleep(work_seconds(payload, self.work_seconds))
             _record_usage(lease, a, payload.get("usage"))
             output = {
                 "task": a.task,

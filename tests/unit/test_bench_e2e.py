@@ -165,3 +165,13 @@ def test_profile_summary_leaves_out_idle_and_names_the_running_step(tmp_path: Pa
     assert prof["samples"] == [("busy", 4.0)]
     assert prof["activity"] == [("Renewer._renew (agentq/sidecar/renewer.py)", 100.0)]
     assert dict(prof["leaf"]) == {"json encoding and decoding": 75.0, "agentq's own code": 25.0}
+
+
+def test_a_slot_bound_task_tells_agent_sim_how_long_to_work() -> None:
+    from e2e_common import task_body
+
+    from agentq.agentsim import work_seconds
+
+    assert "workSeconds" not in task_body("a")["spec"]["payload"]
+    body = task_body("a", work_seconds=0.75)
+    assert work_seconds(body["spec"]["payload"], 0.0) == 0.75
