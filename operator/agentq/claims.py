@@ -164,6 +164,9 @@ class Seen:
     # Why the grant's Lease could not be written for a whole lease duration (its
     # namespace gone or terminating, or refusing the operator): None if it could.
     lease_unwritable: str | None = None
+    # Why the API server refused the current claim's revoke mark for good (422: say, its
+    # holder filled the Lease's annotations): None if it did not.
+    revoke_refused: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -507,6 +510,24 @@ def _revoked_claim(
                     else f"activeDeadlineSeconds ({task.spec.active_deadline_seconds}s) passed"
                 ),
                 now=seen.wall,
+            )
+        if seen.revoke_refused is not None and transition is None:
+            # The mark cannot be written, so the holder would never hear and could renew
+            # for good: the claim ends now, its Lease deleted (the holder loses it).
+            message = (
+                f"the revoke mark could not be written on the claim's Lease "
+                f"{lease.name}, so it is deleted and its holder {status.worker} loses it: "
+                f"{seen.revoke_refused}"
+            )
+            stopped = _stopped(task, stop, seen)
+            return Decision(
+                transition=dataclasses.replace(
+                    stopped,
+                    extra_events=(("RevokeRefused", message, True), *stopped.extra_events),
+                ),
+                lease=LeaseOp.DELETE,
+                refusal=refusal,
+                unprocessable=("Lease", "RevokeRefused"),
             )
         return Decision(transition=transition, lease=LeaseOp.REVOKE, revoke=stop, refusal=refusal)
     ended = Decision(

@@ -562,7 +562,36 @@ def refused_reports_in_status(arena: Arena) -> None:
     arena.fleet.wait_phase(name, "Succeeded", timeout=20)
 
 
+# The API server's limit on a object's annotations, keys and values summed.
+ANNOTATIONS_LIMIT = 256 * 1024
+
+
+def annotations_full_then_cancelled(arena: Arena) -> None:
+    """The holder fills its Lease's annotations to the API server's limit, so that the
+    operator's revoke mark no longer fits (422), and keeps renewing; then the task is
+    cancelled. It still ends Cancelled within the bound, its Lease deleted (the holder
+    loses it), with a warning saying why -- not Running for as long as the holder
+    renews."""
+    p, name, token = running(arena, "full-annotations")
+    used = sum(len(k) + len(v) for k, v in (p.lease(name).metadata.annotations or {}).items())
+    key = "example.com/filler"
+    # Room for 10 more bytes: less than the mark (agentq.dev/revoked: Cancelled) needs.
+    p.annotate(name, key, "x" * (ANNOTATIONS_LIMIT - used - len(key) - 10))
+    with p.renewing(name, token, progress=False):
+        arena.fleet.kubectl(
+            "patch", "agenttask", name, "--type=merge", "-p", '{"spec":{"cancel":true}}'
+        )
+        cancelled = time.monotonic()
+        done = arena.fleet.wait_phase(name, "Cancelled", timeout=BOUND)["status"]
+    assert time.monotonic() - cancelled <= BOUND
+    assert done["history"][-1]["outcome"] == "Cancelled", done
+    assert done["history"][-1]["token"] == token, done
+    assert "RevokeRefused" in arena.reasons(name)
+    arena.wait(f"the Lease of {name} deleted", lambda: arena.fleet.task_lease(name) is None)
+
+
 LEASE_CASES = [
+    Case("annotations-full-then-cancelled", annotations_full_then_cancelled),
     Case("foreign-holder-report", foreign_holder),
     Case(
         "token-annotation-raised",

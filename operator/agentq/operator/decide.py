@@ -169,6 +169,11 @@ class Decider:
             revoked_at=lease.revoked_at if lease is not None else None,
             token_ceiling=self.token_ceiling(),
             lease_unwritable=unwritable[2] if unwritable is not None else None,
+            revoke_refused=(
+                record.revoke_refused[1]
+                if record.revoke_refused is not None and record.revoke_refused[0] == token
+                else None
+            ),
         )
 
     # -- deadlines ----------------------------------------------------------------------

@@ -16,6 +16,7 @@ Every reply is recorded in the store like a watch event.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from agentq import claims, protocol, views
 from agentq.clock import Clock, micro_rfc3339
@@ -119,7 +120,17 @@ class ClaimLeases:
         changed meanwhile (a report came) is decided again from its new version; one that
         went is decided again by its deletion."""
         patch = {"metadata": {"annotations": {protocol.ANNOTATION_REVOKED: reason}}}
-        await self._patch(task, lease, patch, "revoking")
+        await self._patch(task, lease, patch, "revoking", on_invalid=self._revoke_refused)
+
+    def _revoke_refused(self, task: TaskView, message: str) -> None:
+        """The API server will never take the revoke mark on this Lease (422: its holder
+        filled its annotations, say): decided again at once, the claim ends without it
+        (``claims.Seen.revoke_refused``) -- else a holder that renews would keep it."""
+        record = self.store.tasks.get(task.key)
+        if record is None:
+            return
+        record.revoke_refused = (task.status.fencing_token or 0, message)
+        self.retries.later(task.key, 0.0)
 
     async def _relabel(self, task: TaskView, lease: LeaseView, labels: dict[str, str]) -> None:
         """The claim's Lease is there but without our ``agentq.dev/lease`` label (someone
@@ -141,7 +152,13 @@ class ClaimLeases:
             self.retries.later(task.key)
 
     async def _patch(
-        self, task: TaskView, lease: LeaseView, patch: Body, doing: str
+        self,
+        task: TaskView,
+        lease: LeaseView,
+        patch: Body,
+        doing: str,
+        *,
+        on_invalid: Callable[[TaskView, str], None] | None = None,
     ) -> Status | None:
         """A CAS patch of the claim's Lease on the version the decision saw, and what
         follows from the answer; returns the status of an answer not handled here (GONE,
@@ -157,7 +174,10 @@ class ClaimLeases:
             self.retries.later(task.key, REFUSED_SECONDS)
         elif reply.status is Status.INVALID:
             log.error("%s Lease %s/%s refused: %s", doing, *lease.key, reply.message)
-            self.retries.left_alone(task.key)
+            if on_invalid is not None:
+                on_invalid(task, reply.message)
+            else:
+                self.retries.left_alone(task.key)
         elif reply.status is Status.CONFLICT:
             # The Lease changed first -- most often a renewal, which is no decision of its
             # own (``renews``): decided again a moment later, on its newer version.
@@ -257,26 +277,24 @@ class ClaimLeases:
                 record = self.store.tasks.get(task.key)
                 if record is not None:
                     record.lease_unwritable = None
-            elif namespace != task.namespace and reply.status in (Status.GONE, Status.FORBIDDEN):
+            elif reply.status in (Status.FORBIDDEN, Status.INVALID) or (
+                namespace != task.namespace and reply.status is Status.GONE
+            ):
+                # Refused for good (an admission policy, RBAC, a terminating or missing
+                # namespace, a body the API server will not take): tried again now and
+                # then, and the attempt ends once that lasted its lease duration -- the
+                # claim holds a worker's slot and nothing else would end it.
                 self._unwritable(task, namespace, reply.status, reply.message)
-            elif reply.status is Status.FORBIDDEN:
-                self.stats.refused += 1
-                log.error("grant Lease of %s/%s forbidden: %s", *task.key, reply.message)
-                self.retries.later(task.key, REFUSED_SECONDS)
-            elif reply.status is Status.INVALID:
-                log.error(
-                    "grant Lease of %s/%s refused: %s", task.namespace, task.name, reply.message
-                )
-                self.retries.left_alone(task.key)
             return
         self.retries.later(task.key)  # the Lease kept changing under us: decide again
 
     def _unwritable(self, task: TaskView, namespace: str, status: Status, message: str) -> None:
         """The grant's Lease cannot be written in the worker's namespace: it is gone (a
-        create's 404), terminating or refuses us (403). Tried again now and then; once
-        that lasted the claim's lease duration from the first refusal, the decision
-        fails the attempt as an expired claim (``claims.Seen.lease_unwritable``): with no
-        Lease there is nothing else to expire, and the task would wait forever."""
+        create's 404), terminating or refuses us (403, or 422 for the body). Tried again
+        now and then; once that lasted the claim's lease duration from the first refusal,
+        the decision fails the attempt as an expired claim
+        (``claims.Seen.lease_unwritable``): with no Lease there is nothing else to expire,
+        and the task would wait forever."""
         record = self.store.tasks.get(task.key)
         if record is None:
             return

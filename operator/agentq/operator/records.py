@@ -92,6 +92,10 @@ class TaskRecord:
     # why). Once that lasted the claim's lease duration, the attempt is failed as an
     # expired one would be (``claims.Seen.lease_unwritable``).
     lease_unwritable: tuple[int, float, str] | None = None
+    # The API server refused the revoke mark on the claim's Lease for good (422): (the
+    # fencing token, why). The decision then ends the claim without it
+    # (``claims.Seen.revoke_refused``).
+    revoke_refused: tuple[int, str] | None = None
 
     @property
     def key(self) -> Key:
