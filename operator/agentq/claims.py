@@ -311,7 +311,15 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     # 1. unprocessable
     if task.problem is not None:
         if phase is not None and phase.is_final:
-            return Decision(lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP)
+            return _answer_finished(
+                task,
+                lease,
+                seen,
+                why=(
+                    f"the task is unprocessable ({task.problem.reason}); create it again "
+                    "with a spec that can be processed"
+                ),
+            )
         return Decision(
             transition=lifecycle.unprocessable(
                 status, reason=task.problem.reason, message=task.problem.message, now=seen.wall
@@ -323,7 +331,15 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     token = status.fencing_token or 0
     if seen.token_ceiling is not None and token > seen.token_ceiling:
         if phase is not None and phase.is_final:
-            return Decision(lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP)
+            return _answer_finished(
+                task,
+                lease,
+                seen,
+                why=(
+                    f"status.fencingToken {token} was not issued by the operator; delete "
+                    "the task and create it again"
+                ),
+            )
         return Decision(
             transition=lifecycle.unprocessable(
                 status,
@@ -351,14 +367,23 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     # 4. no claim
     if not task.active:
         transition = None
-        if (
-            task.requeue
-            and protocol.requeue_id(task.requeue) != status.requeue_handled
-            and phase in REQUEUABLE_PHASES
-        ):
-            transition = lifecycle.requeue(status, now=seen.wall, request=task.requeue)
+        request = _unanswered_requeue(task)
+        if request is not None and phase in REQUEUABLE_PHASES:
+            transition = lifecycle.requeue(status, now=seen.wall, request=request)
             return Decision(
                 transition=transition,
+                lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
+                refusal=refusal,
+            )
+        if request is not None and phase is not None and phase.is_final:
+            # Succeeded: nothing to redrive. Answered, or waits and the TTL would wait
+            # for good on a request no one will act on.
+            return Decision(
+                transition=lifecycle.requeue_refused(
+                    status,
+                    request=request,
+                    why=f"a {phase} task is not requeued; create it again to run it again",
+                ),
                 lease=LeaseOp.DELETE if lease is not None else LeaseOp.KEEP,
                 refusal=refusal,
             )
@@ -420,6 +445,27 @@ def _decide(task: TaskView, lease: LeaseView | None, seen: Seen, policy: Policy)
     return _current_claim(task, lease, seen, policy, refusal)
 
 
+def _unanswered_requeue(task: TaskView) -> str | None:
+    """The task's ``agentq.dev/requeue`` request if the operator has not answered it."""
+    request = task.requeue
+    if request and protocol.requeue_id(request) != task.status.requeue_handled:
+        return request
+    return None
+
+
+def _answer_finished(task: TaskView, lease: LeaseView | None, seen: Seen, *, why: str) -> Decision:
+    """A finished task that cannot run again (unprocessable, or a token no operator
+    issued): a requeue request is refused with ``why``, a cancel ignored, each said once,
+    so that the task settles (waits end, its TTL runs) instead of asking for good."""
+    op = LeaseOp.DELETE if lease is not None else LeaseOp.KEEP
+    request = _unanswered_requeue(task)
+    if request is not None:
+        return Decision(
+            transition=lifecycle.requeue_refused(task.status, request=request, why=why), lease=op
+        )
+    return Decision(transition=_stop_unclaimed(task, seen), lease=op)
+
+
 def revoked_by_operator(task: TaskView, lease: LeaseView) -> str | None:
     """Why the operator revoked the claim whose Lease is ``lease``: the Lease's
     ``agentq.dev/revoked`` only if the task's status says the operator revoked it (its
@@ -444,7 +490,7 @@ def settled(task: TaskView) -> bool:
     phase = task.status.phase
     if phase is None or not phase.is_final:
         return False
-    if task.requeue and protocol.requeue_id(task.requeue) != task.status.requeue_handled:
+    if _unanswered_requeue(task) is not None:
         return False
     return not (
         task.spec.cancel
@@ -454,7 +500,15 @@ def settled(task: TaskView) -> bool:
 
 
 def _stop_reason(task: TaskView, seen: Seen) -> str | None:
-    """Why the task must stop now: cancelled, or past its activeDeadlineSeconds."""
+    """Why the task must stop now: a revocation already decided (its ``Revoked``
+    condition; only a requeue undoes it, so a cancel unset before the Lease was marked
+    does not leave the attempt half revoked), cancelled, or past its
+    activeDeadlineSeconds."""
+    held = lifecycle.condition(task.status, lifecycle.REVOKED)
+    if held is not None and held[0]:
+        reason = lifecycle.condition_reason_of(task.status, lifecycle.REVOKED)
+        if reason in (protocol.REVOKE_CANCELLED, protocol.REVOKE_DEADLINE):
+            return reason
     if task.spec.cancel:
         return protocol.REVOKE_CANCELLED
     if seen.deadline_at is not None and seen.now >= seen.deadline_at:

@@ -670,6 +670,17 @@ def deadline_exceeded(
     return Transition(patch=patch, reason=protocol.REVOKE_DEADLINE, message=message, warning=True)
 
 
+def requeue_refused(status: AgentTaskStatus, *, request: str, why: str) -> Transition:
+    """A requeue request on a finished task that cannot go back to Pending (Succeeded,
+    or unprocessable): answered once, visibly, so waits and the TTL see it finished."""
+    return Transition(
+        patch={"requeueHandled": requeue_id(request)},
+        reason="RequeueRefused",
+        message=f"requeue request {requeue_id(request)} refused: {why}",
+        warning=True,
+    )
+
+
 def cancel_ignored(status: AgentTaskStatus, *, now: datetime.datetime) -> Transition:
     """spec.cancel set on a task that had already finished: said once, changes nothing."""
     stamp = rfc3339(now)

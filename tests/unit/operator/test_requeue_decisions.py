@@ -30,7 +30,8 @@ def requeue(h: Harness, name: str, request: str) -> None:
 def attempt_state(h: Harness, name: str) -> dict[str, Any]:
     """What a requeue or a new attempt would move (see the corpus' ``attempt_state``)."""
     status = h.status(name)
-    state = {k: v for k, v in status.items() if k not in ("progress", "conditions")}
+    skip = ("progress", "conditions", "requeueHandled")  # a refusal is an answer, not a move
+    state = {k: v for k, v in status.items() if k not in skip}
     state["conditions"] = sorted(
         (c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or ()
     )
@@ -135,3 +136,62 @@ async def test_a_requeue_storm_on_a_dead_lettered_task_requeues_it_once() -> Non
     await h.settle()
     assert h.phase("t") == "Succeeded"
     assert h.kube.reasons("t").count("Requeued") == 1
+
+
+def deep(levels: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+async def unprocessable(h: Harness, name: str) -> None:
+    h.task(task(name).requires("llm").payload(deep(protocol.MAX_JSON_DEPTH + 5)))
+    await h.settle()
+    assert h.phase(name) == "Failed", h.status(name)
+    assert (h.condition(name, "Unprocessable") or {}).get("reason") == "PayloadTooDeep"
+
+
+def settled(h: Harness, name: str) -> bool:
+    """The operator keeps no record of the task, only when to delete it."""
+    uid = h.kube.get("agenttasks", NS, name)["metadata"]["uid"]
+    return (NS, name) not in h.controller.store.tasks and h.controller.cleanup.holds(
+        (NS, name), uid
+    )
+
+
+@pytest.mark.parametrize("setup", [succeeded, unprocessable], ids=["succeeded", "unprocessable"])
+@run
+async def test_a_requeue_request_on_a_task_that_cannot_run_again_is_refused_once(
+    setup: Any,
+) -> None:
+    """Answered (``requeueHandled``, a RequeueRefused Event), so a wait on the task ends
+    and its TTL runs: unanswered, the task stayed unsettled for good."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    await setup(h, "t")
+    phase = h.phase("t")
+    requeue(h, "t", "again-1")
+    await h.run_for(3)
+    assert h.phase("t") == phase
+    assert h.status("t").get("requeueHandled") == "again-1"
+    assert h.kube.reasons("t").count("RequeueRefused") == 1
+    assert "Requeued" not in h.kube.reasons("t")
+    assert settled(h, "t")
+    requeue(h, "t", "again-2")  # each request is answered once
+    await h.run_for(3)
+    assert h.status("t").get("requeueHandled") == "again-2"
+    assert h.kube.reasons("t").count("RequeueRefused") == 2
+    assert settled(h, "t")
+
+
+@run
+async def test_a_cancel_of_an_unprocessable_task_is_ignored_once_and_it_settles() -> None:
+    h = Harness()
+    await unprocessable(h, "t")
+    h.kube.edit("agenttasks", NS, "t", lambda b: b["spec"].update(cancel=True))
+    await h.run_for(3)
+    assert h.phase("t") == "Failed"
+    assert (h.condition("t", "Cancelled") or {}).get("reason") == "AlreadyFinished"
+    assert h.kube.reasons("t").count("CancelIgnored") == 1
+    assert settled(h, "t")
