@@ -57,6 +57,7 @@ class _Entry:
     resource_version: str
     phase: str
     due: float  # monotonic
+    ttl: float  # the TTL it is due by: a change of it decides again
     deleting: bool = False
 
 
@@ -117,15 +118,17 @@ class Cleanup:
             self._phases[entry.phase] -= 1
             self._phases[phase] += 1
             entry.resource_version, entry.phase = view.resource_version, phase
-            if entry.due <= due:
-                return  # already due no later (the first sight decides)
-            entry.due = due
+            if entry.ttl == ttl and entry.due <= due:
+                return  # already due no later (the first sight decides, for this TTL)
+            entry.due, entry.ttl = due, ttl
+            if entry.deleting:
+                return  # its delete, under way, is refused (an older version): due again then
         else:
             if entry is None and len(self.entries) >= self.limit:
                 self.overflowed = True  # remembered at a relist, once there is room
                 return
             self._forget(key)
-            entry = self.entries[key] = _Entry(view.uid, view.resource_version, phase, due)
+            entry = self.entries[key] = _Entry(view.uid, view.resource_version, phase, due, ttl)
             self._phases[phase] += 1
         heapq.heappush(self._heap, (due, next(self._seq), key))
 
@@ -210,8 +213,9 @@ class Cleanup:
         if reply.status is Status.CONFLICT and entry.resource_version != sent:
             # Changed while the delete was out, and still finished and settled (a label
             # added, a cancel ignored): its event moved the entry on already, so no
-            # later event would bring it back. Deleted again, as it is now.
-            self._again(key, entry, 0.0)
+            # later event would bring it back. Deleted again, as it is now, when it is
+            # due (later if its TTL was raised meanwhile).
+            self._again(key, entry, max(0.0, entry.due - self.clock.monotonic()))
             return
         if reply.ok or reply.status in (Status.GONE, Status.CONFLICT):
             # Deleted; or gone already; or changed since (its event says what it is now).

@@ -303,3 +303,57 @@ async def test_a_task_naming_budgets_is_kept_a_minute_after_it_finished_whatever
     assert h.kube.get("agenttasks", NS, "spent") is not None
     await h.advance(2)
     assert h.kube.get("agenttasks", NS, "spent") is None
+
+
+@run
+async def test_a_ttl_raised_after_the_task_finished_holds_it_longer() -> None:
+    """docs/api.md: a TTL changed on a finished task applies at once, either way."""
+    h = Harness(ttl_after_finished=100)
+    h.kube.put(
+        "agenttasks", finished("up", at=h.clock.now().isoformat(), ttlSecondsAfterFinished=60)
+    )
+    h.kube.put(
+        "agenttasks", finished("down", at=h.clock.now().isoformat(), ttlSecondsAfterFinished=600)
+    )
+    await h.settle()
+    await h.advance(10)
+    h.kube.edit("agenttasks", NS, "up", lambda b: b["spec"].update(ttlSecondsAfterFinished=86400))
+    h.kube.edit("agenttasks", NS, "down", lambda b: b["spec"].update(ttlSecondsAfterFinished=30))
+    await h.settle()
+    await h.advance(25)  # 35 s after they finished
+    assert h.kube.get("agenttasks", NS, "down") is None, "a lowered TTL applies at once"
+    await h.advance(60)  # 95 s: past the first TTL of "up"
+    assert h.kube.get("agenttasks", NS, "up") is not None, "a raised TTL applies at once"
+    await h.advance(86400 - 95 + 2)
+    assert h.kube.get("agenttasks", NS, "up") is None
+
+
+@run
+async def test_a_ttl_raised_while_its_delete_is_out_is_honoured() -> None:
+    """The TTL raised, and its event seen, while the delete is on its way: the delete is
+    refused (an older resourceVersion) and the task is due by its new TTL, not deleted
+    again at once."""
+    h = Harness(ttl_after_finished=10)
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    real = h.kube.delete_task
+    raced: list[str] = []
+
+    async def racing(namespace: str, name: str, uid: str, resource_version: str) -> Any:
+        if not raced:
+            raced.append(name)
+            h.kube.edit(
+                "agenttasks", NS, name, lambda b: b["spec"].update(ttlSecondsAfterFinished=3600)
+            )
+            h.controller.step()  # its event is taken in before the delete's answer
+            assert h.controller.cleanup.entries[(NS, name)].deleting
+        return await real(namespace, name, uid, resource_version)
+
+    h.kube.delete_task = racing  # type: ignore[method-assign]
+    await h.advance(11)
+    assert raced == ["t"]
+    assert h.kube.get("agenttasks", NS, "t") is not None, "precondition: not what was seen"
+    await h.advance(60)
+    assert h.kube.get("agenttasks", NS, "t") is not None, "held by its new TTL"
+    await h.advance(3600)
+    assert h.kube.get("agenttasks", NS, "t") is None
