@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from agentq import protocol
+from agentq.operator.port import Status
 from builders import task
 from harness import NS, Harness, run
 
@@ -239,3 +240,30 @@ async def test_a_report_on_a_revoked_lease_before_it_ends_is_committed_once() ->
     await h.settle()
     assert h.phase("t") == "Succeeded", "the work was done: one outcome, the report's"
     assert "Cancelled" not in h.kube.reasons("t")
+
+
+@run
+async def test_a_cancel_unset_after_its_revocation_was_decided_still_ends_the_attempt() -> None:
+    """The revocation is committed (condition ``Revoked``) but its mark on the Lease loses
+    to renewals until the user has set ``cancel`` back: the attempt is still revoked and
+    ends Cancelled -- only a requeue undoes a cancel -- and a deadline passing later does
+    not end it under the wrong reason."""
+    h = Harness()
+    h.worker("w1", "llm", lease_seconds=1000)
+    await running(h, deadline=30)
+    h.kube.inject("patch_lease", Status.CONFLICT, times=1000)
+    cancel(h, "t")
+    await h.settle()
+    assert (h.condition("t", "Revoked") or {}).get("reason") == "Cancelled", h.status("t")
+    assert revoked(h, "t") is None
+    cancel(h, "t", False)
+    await h.settle()
+    h.kube._faults.clear()  # the renewals stop winning
+    await h.run_for(5, renew=("t",))
+    assert revoked(h, "t") == "Cancelled"
+    assert h.phase("t") == "Running"
+    release(h, "t")
+    await h.settle()
+    status = h.status("t")
+    assert status["phase"] == "Cancelled", status
+    assert status["history"][-1]["outcome"] == "Cancelled"
