@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,17 @@ class _CommaList(click.types.StringParamType):
     envvar_list_splitter = ","
 
 
+class _FiniteFloat(click.FloatRange):
+    """A float in range, and a number: ``inf`` and ``nan`` pass a range's checks, and
+    would then stand for a timer that never fires or an interval no sleep takes."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def _value_type(annotation: Any, field: dataclasses.Field[Any]) -> click.ParamType[Any]:
     flag = flag_of(field)
     if flag.choices:
@@ -44,7 +56,7 @@ def _value_type(annotation: Any, field: dataclasses.Field[Any]) -> click.ParamTy
         )
     if base is float:
         low = flag.at_least if flag.above is None else flag.above
-        return click.FloatRange(min=low, max=flag.at_most, min_open=flag.above is not None)
+        return _FiniteFloat(min=low, max=flag.at_most, min_open=flag.above is not None)
     return click.STRING
 
 

@@ -187,8 +187,10 @@ class OperatorConfig:
     ttl_after_finished: int = setting(
         43200,
         at_least=0,
+        at_most=31_536_000,
         help="seconds after a task finished that it is deleted, with its Leases, when its "
-        "spec does not say (ttlSecondsAfterFinished); 0 deletes at once",
+        "spec does not say (ttlSecondsAfterFinished, at most a year as there); 0 deletes "
+        "at once",
     )
     # The operator's memory for finished tasks: one small entry each, at most this many.
     max_finished: int = setting(

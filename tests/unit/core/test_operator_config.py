@@ -15,6 +15,7 @@ from typing import Any
 from unittest.mock import patch
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from agentq.operator import command
@@ -135,6 +136,25 @@ def test_bad_flags_are_refused_with_the_flag_named() -> None:
     )
     assert done.returncode == 2
     assert "--max-reclaims" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--reconcile-interval", "inf"),
+        ("--reconcile-interval", "nan"),
+        ("--leader-lease-seconds", "1e999"),
+        ("--ttl-after-finished", "31536001"),
+        ("--ttl-after-finished", "9" * 400),
+    ],
+)
+def test_numbers_no_timer_can_take_are_refused_with_the_flag_named(flag: str, value: str) -> None:
+    """Not a traceback at start-up (a float too large for a timedelta) nor a loop that
+    sleeps for ever: a usage error naming the flag."""
+    with patch("agentq.operator.main.run"), patch.object(command.jsonlog, "setup"):
+        done = CliRunner().invoke(command.operator, [flag, value])
+    assert done.exit_code == 2, (done.exit_code, done.output, done.exception)
+    assert flag in done.output
 
 
 def test_logs_are_one_json_object_per_line() -> None:
