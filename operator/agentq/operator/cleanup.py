@@ -49,6 +49,7 @@ log = logging.getLogger("agentq.controller")
 BATCH = 16  # deletes in flight at once
 RELIST_SECONDS = 600.0  # least time between two relists after an overflow
 RELIST_RETRY_SECONDS = 30.0  # after a relist that failed
+COMPACT_SLACK = 1024  # stale heap items allowed beyond twice the entries
 
 
 @dataclass(slots=True)
@@ -131,20 +132,37 @@ class Cleanup:
             entry = self.entries[key] = _Entry(view.uid, view.resource_version, phase, due, ttl)
             self._phases[phase] += 1
         heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._compact()
 
     def _forget(self, key: Key) -> None:
         entry = self.entries.pop(key, None)
         if entry is not None:
             self._phases[entry.phase] -= 1
+            self._compact()
+
+    def _compact(self) -> None:
+        """The heap built again from the entries once most of it is stale (tasks deleted,
+        requeued or seen again before they were due; a standby, which deletes nothing,
+        never pops it): held to the entries' count, not to every task ever seen in a
+        TTL."""
+        if len(self._heap) <= 2 * len(self.entries) + COMPACT_SLACK:
+            return
+        self._heap = [
+            (entry.due, next(self._seq), key)
+            for key, entry in self.entries.items()
+            if not entry.deleting
+        ]
+        heapq.heapify(self._heap)
 
     def reset(self) -> None:
-        """This replica starts leading: deletes cancelled with the last lead are due again."""
+        """This replica starts leading: deletes cancelled with the last lead are due again
+        (later, if the TTL was raised meanwhile)."""
         now = self.clock.monotonic()
         for key, entry in self.entries.items():
             if entry.deleting:
                 entry.deleting = False
-                entry.due = now
-                heapq.heappush(self._heap, (now, next(self._seq), key))
+                entry.due = max(now, entry.due)
+                heapq.heappush(self._heap, (entry.due, next(self._seq), key))
 
     def holds(self, key: Key, uid: str | None) -> bool:
         """Whether ``key`` is remembered as a finished task of this ``uid``."""
@@ -205,11 +223,12 @@ class Cleanup:
                 self.kube.delete_task, namespace, name, entry.uid, sent
             )
         except KubeError as err:
+            entry.deleting = False
             log.info("deleting finished task %s/%s had an unknown outcome: %s", *key, err)
             self._again(key, entry, RETRY_SECONDS)
             return
-        finally:
-            entry.deleting = False
+        # Cancelled (the lead lost), the entry stays ``deleting``: due again at ``reset``.
+        entry.deleting = False
         if reply.status is Status.CONFLICT and entry.resource_version != sent:
             # Changed while the delete was out, and still finished and settled (a label
             # added, a cancel ignored): its event moved the entry on already, so no

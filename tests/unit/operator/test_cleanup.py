@@ -9,6 +9,7 @@ import tracemalloc
 from typing import Any
 
 from agentq import protocol
+from agentq.operator.fake import Hang
 from agentq.operator.records import TOMBSTONE_SECONDS
 from builders import task
 from harness import NS, Harness, run
@@ -357,3 +358,58 @@ async def test_a_ttl_raised_while_its_delete_is_out_is_honoured() -> None:
     assert h.kube.get("agenttasks", NS, "t") is not None, "held by its new TTL"
     await h.advance(3600)
     assert h.kube.get("agenttasks", NS, "t") is None
+
+
+@run
+async def test_a_delete_cut_off_by_a_lost_lead_is_made_when_the_lead_comes_back() -> None:
+    """The delete hangs (an API server outage), the replica loses the lead (its requests
+    are cancelled) and leads again: the task is still deleted."""
+    h = Harness(ttl_after_finished=10)
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    c = h.controller
+    h.kube.inject("delete_task", Hang())
+    h.clock.advance(11)
+    await h.steps(3)
+    assert c.cleanup.deleting == 1
+    c.set_leading(False)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert c.cleanup.deleting == 0
+    c.set_leading(True)
+    await h.settle()
+    await h.advance(5)
+    assert h.kube.get("agenttasks", NS, "t") is None
+
+
+def finish_and_delete(h: Harness, count: int, *, leading: bool) -> None:
+    """``count`` finished tasks, each seen and then deleted (by a user, or by the leader
+    this replica stands by for) long before its TTL."""
+    c = h.controller
+    now = h.clock.now().isoformat()
+    for i in range(count):
+        body = finished(f"t{i:05d}", at=now)
+        body["metadata"].update(uid=f"u{i}", resourceVersion=str(10 + 2 * i))
+        gone = {**body, "metadata": {**body["metadata"], "resourceVersion": str(11 + 2 * i)}}
+        for kind, seen in (("ADDED", body), ("DELETED", gone)):
+            c.observe("agenttasks", kind, seen)
+            if leading:
+                c.step()
+            else:
+                c.standby()
+
+
+@run
+async def test_the_timing_of_deletes_holds_no_more_than_the_finished_tasks_it_knows() -> None:
+    """Tasks deleted before their TTL (by a user; by the leader, seen on a standby that
+    deletes nothing) leave nothing behind: the heap of due times is bounded by the
+    entries, not by every task seen within a TTL."""
+    for leading in (True, False):
+        h = Harness(ttl_after_finished=43200)
+        await h.settle()
+        if not leading:
+            h.controller.set_leading(False)
+        finish_and_delete(h, 5000, leading=leading)
+        cleanup = h.controller.cleanup
+        assert len(cleanup) == 0
+        assert len(cleanup._heap) <= 2 * len(cleanup) + 1024, (leading, len(cleanup._heap))
