@@ -301,6 +301,39 @@ def test_a_revoked_claim_raises_cancelled_and_fences_the_registered_keys(
             sink.write("job", 41, {"part": 2})  # this attempt's own later write
 
 
+def test_a_revocation_whose_fence_cannot_reach_the_store_still_refuses_the_late_write(
+    fake: FakeSidecar, tmp_path: Any
+) -> None:
+    """The sink's database is away when the 409 Cancelled arrives: the fence is owed, and
+    the attempt's later write -- which would reconnect and land -- is refused."""
+
+    class Away(SQLiteFencedStore):
+        away = False
+
+        def transaction(self, key: str, token: int) -> Any:
+            if self.away:
+                raise OSError("connection lost")
+            return super().transaction(key, token)
+
+    fake.lost_after = 2
+    fake.lost_body = {"error": "Cancelled", "message": "the task was cancelled", "fenceToken": 42}
+    client = SidecarClient(fake.url)
+    with Away(str(tmp_path / "sink.db")) as sink:
+        sink.write("job", 41, {"part": 1})
+        sink.away = True
+        with pytest.raises(Cancelled), client.hold(Assignment.of(ASSIGNMENT)) as lease:
+            lease.fence_on_revoke(sink, "job")
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                lease.check()
+                time.sleep(0.05)
+        sink.away = False  # the connection is back
+        with pytest.raises(StaleTokenError):
+            sink.write("job", 41, {"part": 2})
+        record = sink.read("job")
+        assert record is not None and record.token == 42 and record.value == {"part": 1}
+
+
 def test_the_secret_is_read_from_the_token_file_named_by_the_environment(
     fake: FakeSidecar, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -106,3 +106,32 @@ def test_a_store_whose_driver_is_missing_names_the_extra_to_install(
         open_store(url)
     assert f"pip install 'agentq-agent[{extra}]'" in str(missing.value)
     assert missing.value.name == driver
+
+
+class AwayStore(SQLiteFencedStore):
+    """A SQLite store whose database can be made unreachable (a PostgreSQL restart, say)."""
+
+    away = False
+
+    def transaction(self, key, token):  # type: ignore[no-untyped-def]
+        if self.away:
+            raise OSError("the store is away")
+        return super().transaction(key, token)
+
+
+def test_an_owed_fence_refuses_lower_tokens_while_away_and_lands_once_back(
+    tmp_path: Path,
+) -> None:
+    with AwayStore(str(tmp_path / "sink.db")) as store:
+        store.write("job", 7, {"part": 1})
+        store.away = True
+        store.owe_fence("job", 8)
+        with pytest.raises(StaleTokenError):
+            store.write("job", 7, {"late": True})  # refused here, the store unreachable
+        store.away = False
+        with pytest.raises(StaleTokenError):
+            store.write("job", 7, {"late": True})  # the fence made first, then refused
+        record = store.read("job")
+        assert record is not None and record.token == 8 and record.value == {"part": 1}
+        assert store.write("job", 9, {"next": True}).token == 9  # a newer attempt goes on
+        assert store.write("other", 1, {}).token == 1  # other keys are not concerned

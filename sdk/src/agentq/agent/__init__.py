@@ -54,7 +54,6 @@ retryable) and then exits, and no claim is reclaimed for the pod's going away.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import datetime
 import http.client
@@ -69,6 +68,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
+
+from agentq.fencing.base import StaleTokenError
 
 DEFAULT_URL = "http://127.0.0.1:8700"
 DEFAULT_TOKEN_FILE = "/run/agentq/sidecar-token"
@@ -558,6 +559,20 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     return bool(readable)
 
 
+def _fence_or_owe(store: Any, key: str, token: int) -> None:
+    """A revocation's fence of ``key``: made now, or -- the store away -- owed by the store
+    object (``FencedStore.owe_fence``), which then refuses this attempt's later writes
+    itself. One a newer attempt made already is as good."""
+    try:
+        store.fence(key, token)
+    except StaleTokenError:
+        return  # a newer attempt fenced it higher
+    except Exception:  # any store's error: the fence is owed
+        owe = getattr(store, "owe_fence", None)
+        if callable(owe):
+            owe(key, token)
+
+
 class HeldLease:
     """Heartbeats one attempt from a background thread while the ``with`` block runs."""
 
@@ -810,9 +825,7 @@ class HeldLease:
         if isinstance(lost, Cancelled) and lost.fence_token is not None:
             for store, keys in self._fence:
                 for key in keys:
-                    # (a newer attempt fenced it already, or the store is away: nothing more)
-                    with contextlib.suppress(Exception):
-                        store.fence(key, lost.fence_token)
+                    _fence_or_owe(store, key, lost.fence_token)
         with self._lock:
             if self.lost is None:
                 self.lost = lost

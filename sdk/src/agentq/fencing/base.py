@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import Any, Self
 
 MAX_TOKEN = 2**63 - 1  # tokens are stored as signed 64-bit integers
+MAX_OWED_FENCES = 4096  # fences a store object remembers it could not make
 
 
 @contextlib.contextmanager
@@ -120,6 +121,30 @@ class FencedStore(abc.ABC):
         """A reference to ``key`` in this store, for a report's ``resultRef``."""
         return key
 
+    def owe_fence(self, key: str, token: int) -> None:
+        """``fence(key, token)`` could not be made (the store was away): this object
+        refuses every later write or fence of ``key`` with a lower token itself
+        (``StaleTokenError``), trying the fence again first -- a revoked attempt's late
+        write is refused even when the revocation's fence did not reach the store."""
+        owed: dict[str, int] = self.__dict__.setdefault("_owed_fences", {})
+        if key not in owed and len(owed) >= MAX_OWED_FENCES:
+            owed.pop(next(iter(owed)))  # the oldest: bounded whatever the agent runs
+        owed[key] = max(owed.get(key, 0), token)
+
+    def _refuse_owed(self, key: str, token: int) -> None:
+        """Called before every change of ``key``: refused if a fence owed on it is above
+        ``token`` (see ``owe_fence``)."""
+        owed: dict[str, int] | None = self.__dict__.get("_owed_fences")
+        if not owed:
+            return
+        highest = owed.get(key)
+        if highest is None or token >= highest:
+            return
+        with contextlib.suppress(Exception):  # the store may still be away: refused anyway
+            self.fence(key, highest)
+            owed.pop(key, None)
+        raise StaleTokenError(key, token, highest)
+
     def close(self) -> None:  # noqa: B027 - backends without resources need not override it
         """Release connections."""
 
@@ -146,12 +171,14 @@ class TransactionalStore(FencedStore):
         below the highest seen); committed when the block ends."""
 
     def write(self, key: str, token: int, value: Any) -> Record:
+        self._refuse_owed(key, token)
         with self.transaction(key, token) as tx:
             tx.value = value
             previous = tx.previous
         return Record(key, token, value, (previous.revision if previous else 0) + 1)
 
     def fence(self, key: str, token: int) -> Record:
+        self._refuse_owed(key, token)
         with self.transaction(key, token) as tx:
             previous = tx.previous
         return Record(

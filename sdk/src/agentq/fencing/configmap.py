@@ -92,6 +92,7 @@ class ConfigMapFencedStore(FencedStore):
     def _change(self, key: str, token: int, value: Any) -> Record:
         check_key(key)
         check_token(token)
+        self._refuse_owed(key, token)
         rand = random.Random()
         for _ in range(self.max_conflicts):
             configmap = self._read()

@@ -76,6 +76,7 @@ class PostgresFencedStore(TransactionalStore):
         the block does on ``tx.connection``; any exception rolls everything back."""
         check_key(key)
         check_token(token)
+        self._refuse_owed(key, token)
         with self._lock, self._connection().transaction(), self._conn.cursor() as cur:
             cur.execute(
                 sql.SQL(

@@ -57,6 +57,7 @@ class SQLiteFencedStore(TransactionalStore):
         block) rolls everything back."""
         check_key(key)
         check_token(token)
+        self._refuse_owed(key, token)
         with self._lock:
             conn = self._conn
             conn.execute("BEGIN IMMEDIATE")
