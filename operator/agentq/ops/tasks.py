@@ -31,8 +31,8 @@ from agentq.client import (
     TaskNotFound,
     Unreachable,
     check_manifest,
+    final_end,
 )
-from agentq.client.outcome import FINAL
 from agentq.ops.commands import (
     EXIT_CODES_HELP,
     Duration,
@@ -432,9 +432,10 @@ def cancel_verdict(task: Mapping[str, Any]) -> tuple[str, str]:
     or ("finished", why) -- a finished task cannot be cancelled."""
     status = task.get("status") or {}
     phase = str(status.get("phase") or "Pending")
-    if phase == "Cancelled":
+    end = final_end(task)  # a final phase with a requeue not yet honoured: not finished
+    if end is End.CANCELLED:
         return "already", "already Cancelled"
-    if phase in FINAL:
+    if end is not None:
         return "finished", f"it already finished ({phase})"
     if (task.get("spec") or {}).get("cancel"):
         return "already", f"cancel already requested (it is {phase})"
