@@ -45,6 +45,8 @@ WATCHES_PER_NAMESPACE = 8
 # checking every FIRST_LOOK_POLL seconds.
 FIRST_LOOK_GRACE = 30.0
 FIRST_LOOK_POLL = 0.05
+# A WATCH that ends with nothing said sooner than this is asked again after a backoff.
+WATCH_HEALTHY = 10.0
 
 
 def find_config(kubeconfig: str | None = None, context: str | None = None) -> kube.KubeConfig:
@@ -434,6 +436,7 @@ class AsyncClient:
         if group.seed is not None:
             tracker.seed(group.seed)
             version = str(group.seed["metadata"].get("resourceVersion") or "")
+        clock = asyncio.get_running_loop().time
         while not tracker.done:
             try:
                 if not version:
@@ -446,8 +449,15 @@ class AsyncClient:
                     continue
                 if not watch:
                     return
-                version = await self._watch(group, version)
-                backoff.reset()
+                opened = clock()
+                resumed = await self._watch(group, version)
+                if resumed != version or clock() - opened >= WATCH_HEALTHY:
+                    backoff.reset()
+                elif not tracker.done:
+                    # Ended at once with nothing said (a proxy answering 200 and closing):
+                    # asked again after a backoff, not in a storm of WATCHes.
+                    await asyncio.sleep(backoff.next())
+                version = resumed
             except _Gone:
                 version = ""
                 self.relists += 1

@@ -296,3 +296,11 @@ def test_the_blocking_client_refuses_to_wait_on_its_own_thread() -> None:
 
         with pytest.raises(RuntimeError, match="from its own event loop's thread"):
             client._run(on_the_loop())
+
+
+def test_a_watch_that_ends_at_once_is_asked_again_after_a_backoff() -> None:
+    """A proxy answering 200 and closing at once: not a storm of WATCHes."""
+    api = FakeApi(lists=[listing(10, task("a", "Running", 9))], watches=[[]])
+    outcome = run(api, lambda c: c.task("a").outcome(timeout=1.0))
+    assert outcome.end is End.TIMEOUT
+    assert 2 <= len(api.requests) <= 7, verbs(api)
