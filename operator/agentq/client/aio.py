@@ -23,6 +23,7 @@ from agentq.client.outcome import (
     FINAL,
     ApiError,
     End,
+    ListTimeout,
     NoCluster,
     Outcome,
     TaskNotFound,
@@ -353,6 +354,15 @@ class AsyncClient:
         while not queue.empty():
             yield queue.get_nowait()
         for group in groups:
+            if group.tracker.keys is None:
+                # A selector's first LIST never answered: which tasks it matches is not
+                # known, so "none matched" would be a guess.
+                raise ListTimeout(
+                    f"no answer to the LIST of agenttasks matching {group.label_selector!r}"
+                    f" within {timeout or 0:g}s (and {FIRST_LOOK_GRACE:g}s more)",
+                    selector=str(group.label_selector),
+                    namespace=group.namespace,
+                )
             for outcome in group.tracker.unfinished(timeout):
                 yield outcome
 

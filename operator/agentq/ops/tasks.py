@@ -25,6 +25,7 @@ from agentq.client import (
     ApiError,
     Client,
     End,
+    ListTimeout,
     ManifestError,
     NoCluster,
     Outcome,
@@ -201,16 +202,19 @@ def follow(
     started = time.monotonic()
     outcomes: list[Outcome] = []
     handles = None if names is None else [client.task(n, ns) for ns, n in names]
-    for outcome in client.as_completed(
-        handles, selector=selector, all_namespaces=all_namespaces, timeout=timeout
-    ):
-        outcomes.append(outcome)
-        if text:
-            line = outcome_line(outcome)
-            if outcome.ok:
-                click.echo(line)
-            else:
-                click.echo(f"error: {line}", err=True)
+    try:
+        for outcome in client.as_completed(
+            handles, selector=selector, all_namespaces=all_namespaces, timeout=timeout
+        ):
+            outcomes.append(outcome)
+            if text:
+                line = outcome_line(outcome)
+                if outcome.ok:
+                    click.echo(line)
+                else:
+                    click.echo(f"error: {line}", err=True)
+    except ListTimeout as err:
+        raise OpsError(f"timed out: {err}", Exit.TIMEOUT) from err
     return outcomes, time.monotonic() - started
 
 
