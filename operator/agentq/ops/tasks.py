@@ -29,6 +29,7 @@ from agentq.client import (
     ManifestError,
     NoCluster,
     Outcome,
+    Task,
     TaskNotFound,
     Unreachable,
     check_manifest,
@@ -191,20 +192,20 @@ def outcome_line(outcome: Outcome) -> str:
 def follow(
     client: Client,
     *,
-    names: list[tuple[str, str]] | None = None,
+    tasks: list[Task] | None = None,
     selector: str | None = None,
     all_namespaces: bool = False,
     timeout: float | None,
     text: bool,
 ) -> tuple[list[Outcome], float]:
-    """Wait for the tasks, printing each outcome as it comes (text); the outcomes in
-    the order they came and the seconds waited."""
+    """Wait for the tasks (handles: those ``submit`` returned start from the create's
+    answer), printing each outcome as it comes (text); the outcomes in the order they
+    came and the seconds waited."""
     started = time.monotonic()
     outcomes: list[Outcome] = []
-    handles = None if names is None else [client.task(n, ns) for ns, n in names]
     try:
         for outcome in client.as_completed(
-            handles, selector=selector, all_namespaces=all_namespaces, timeout=timeout
+            tasks, selector=selector, all_namespaces=all_namespaces, timeout=timeout
         ):
             outcomes.append(outcome)
             if text:
@@ -325,9 +326,12 @@ def submit(
         outcomes: list[Outcome] = []
         waited = 0.0
         if wait and created:
+            # The handles, not their names: the wait starts from each create's answer,
+            # so a task finished and deleted at once (ttlSecondsAfterFinished: 0) is
+            # still seen ending, not reported missing.
             outcomes, waited = follow(
                 client,
-                names=[(c["namespace"], c["name"]) for c in created],
+                tasks=[c["task"] for c in created],
                 timeout=timeout,
                 text=text,
             )
@@ -406,7 +410,7 @@ def wait_command(
     with connected(kubeconfig, context, namespace) as client:
         outcomes, waited = follow(
             client,
-            names=[(client.namespace, n) for n in dict.fromkeys(names)] if names else None,
+            tasks=[client.task(n) for n in dict.fromkeys(names)] if names else None,
             selector=selector,
             all_namespaces=all_namespaces,
             timeout=timeout,

@@ -323,6 +323,50 @@ def test_the_blocking_client_refuses_to_wait_on_its_own_thread() -> None:
             client._run(on_the_loop())
 
 
+def test_a_task_deleted_as_it_finishes_is_judged_by_its_last_state() -> None:
+    """ttlSecondsAfterFinished: 0: the task is gone before any LIST could see it; a wait
+    from the create's answer still sees it end (the DELETED event carries its status),
+    for more names than get a watch each too."""
+    names = [f"job-{i}" for i in range(10)]
+    api = FakeApi(
+        lists=[listing(1)],  # a LIST would find none of them
+        creates=[task(n, None, 40 + i) for i, n in enumerate(names)],
+        watches=[
+            [event("MODIFIED", task(n, "Running", 60 + i)) for i, n in enumerate(names)]
+            + [
+                event("DELETED", task(n, "Succeeded", 80 + i, result=i))
+                for i, n in enumerate(names)
+            ]
+        ],
+    )
+
+    async def submit_and_wait(client: AsyncClient) -> Any:
+        handles = [await client.submit(name=n, payload={}) for n in names]
+        return await client.wait_all(handles, timeout=10)
+
+    outcomes = run(api, submit_and_wait)
+    assert [(o.name, o.end, o.result) for o in outcomes] == [
+        (n, End.SUCCEEDED, i) for i, n in enumerate(names)
+    ]
+    assert verbs(api)[len(names) :] == [("WATCH", "40")]  # from the oldest create, no LIST
+
+
+def test_submit_wait_follows_the_create_not_a_later_list(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = tmp_path / "t.yaml"
+    manifest.write_text(json.dumps(task("job-x1", None, 0)))
+    api = FakeApi(
+        lists=[listing(1)],
+        creates=[task("job-x1", None, 40)],
+        watches=[[event("DELETED", task("job-x1", "Succeeded", 42, result="ok"))]],
+    )
+    result = run_cli(api, ["submit", "-f", str(manifest), "--wait", "--timeout", "10"], monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert 'agenttask/job-x1 Succeeded: "ok"' in result.output
+    assert verbs(api) == [("POST", ""), ("WATCH", "40")]
+
+
 def test_a_selector_list_that_never_answers_is_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Not "no task matches": which tasks match is not known."""
     monkeypatch.setattr(aio, "FIRST_LOOK_GRACE", 0.2)
