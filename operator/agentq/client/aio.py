@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncGenerator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentq import GROUP, VERSION, kube, views
@@ -23,6 +23,7 @@ from agentq.client.outcome import (
     FINAL,
     ApiError,
     End,
+    ListTimeout,
     NoCluster,
     Outcome,
     TaskNotFound,
@@ -45,6 +46,8 @@ WATCHES_PER_NAMESPACE = 8
 # checking every FIRST_LOOK_POLL seconds.
 FIRST_LOOK_GRACE = 30.0
 FIRST_LOOK_POLL = 0.05
+# A WATCH that ends with nothing said sooner than this is asked again after a backoff.
+WATCH_HEALTHY = 10.0
 
 
 def find_config(kubeconfig: str | None = None, context: str | None = None) -> kube.KubeConfig:
@@ -351,6 +354,15 @@ class AsyncClient:
         while not queue.empty():
             yield queue.get_nowait()
         for group in groups:
+            if group.tracker.keys is None:
+                # A selector's first LIST never answered: which tasks it matches is not
+                # known, so "none matched" would be a guess.
+                raise ListTimeout(
+                    f"no answer to the LIST of agenttasks matching {group.label_selector!r}"
+                    f" within {timeout or 0:g}s (and {FIRST_LOOK_GRACE:g}s more)",
+                    selector=str(group.label_selector),
+                    namespace=group.namespace,
+                )
             for outcome in group.tracker.unfinished(timeout):
                 yield outcome
 
@@ -415,13 +427,39 @@ class AsyncClient:
                 seeds[(ns, name)] = task.body
         groups = []
         for ns, names in by_namespace.items():
-            if len(names) > WATCHES_PER_NAMESPACE:
-                groups.append(_Group(Tracker((ns, n) for n in names), ns))
+            if len(names) <= WATCHES_PER_NAMESPACE:
+                for name in names:
+                    seed = seeds.get((ns, name))
+                    groups.append(
+                        _Group(
+                            Tracker([(ns, name)]),
+                            ns,
+                            field_selector=f"metadata.name={name}",
+                            seeds=[seed] if seed else [],
+                        )
+                    )
                 continue
-            for name in names:
-                group = _Group(Tracker([(ns, name)]), ns, field_selector=f"metadata.name={name}")
-                group.seed = seeds.get((ns, name))
-                groups.append(group)
+            # Many names: one WATCH of the namespace for those known from their create,
+            # from the oldest create on (a task finished and deleted before a LIST, as
+            # with ttlSecondsAfterFinished 0, is still seen ending); one LIST and WATCH
+            # for the others.
+            known = [seeds[(ns, n)] for n in names if (ns, n) in seeds]
+            since = _oldest(known)
+            if since is None:  # resourceVersions that are not numbers: one watch each
+                groups.extend(
+                    _Group(
+                        Tracker([key_of(s)]),
+                        ns,
+                        field_selector=f"metadata.name={key_of(s)[1]}",
+                        seeds=[s],
+                    )
+                    for s in known
+                )
+            elif known:
+                groups.append(_Group(Tracker(map(key_of, known)), ns, seeds=known, since=since))
+            others = [n for n in names if (ns, n) not in seeds]
+            if others:
+                groups.append(_Group(Tracker((ns, n) for n in others), ns))
         return groups
 
     async def _follow(self, group: _Group, *, watch: bool) -> None:
@@ -431,9 +469,11 @@ class AsyncClient:
         tracker = group.tracker
         backoff = kube.Backoff(initial=0.2, maximum=5.0)
         version = ""
-        if group.seed is not None:
-            tracker.seed(group.seed)
-            version = str(group.seed["metadata"].get("resourceVersion") or "")
+        for seed in group.seeds:
+            tracker.seed(seed)
+        if group.seeds:
+            version = group.since or str(group.seeds[0]["metadata"].get("resourceVersion") or "")
+        clock = asyncio.get_running_loop().time
         while not tracker.done:
             try:
                 if not version:
@@ -446,8 +486,15 @@ class AsyncClient:
                     continue
                 if not watch:
                     return
-                version = await self._watch(group, version)
-                backoff.reset()
+                opened = clock()
+                resumed = await self._watch(group, version)
+                if resumed != version or clock() - opened >= WATCH_HEALTHY:
+                    backoff.reset()
+                elif not tracker.done:
+                    # Ended at once with nothing said (a proxy answering 200 and closing):
+                    # asked again after a backoff, not in a storm of WATCHes.
+                    await asyncio.sleep(backoff.next())
+                version = resumed
             except _Gone:
                 version = ""
                 self.relists += 1
@@ -531,7 +578,17 @@ class _Group:
     namespace: str | None
     label_selector: str | None = None
     field_selector: str | None = None
-    seed: Body | None = None
+    seeds: list[Body] = field(default_factory=list)  # the creates' answers: no first LIST
+    since: str = ""  # with several seeds: the oldest one's resourceVersion, to watch from
+
+
+def _oldest(bodies: list[Body]) -> str | None:
+    """The smallest resourceVersion of ``bodies`` ("" for none); None when one is not a
+    number (etcd's are; a watch from the oldest create sees every later one's events)."""
+    versions = [str(b["metadata"].get("resourceVersion") or "") for b in bodies]
+    if not all(v.isdigit() for v in versions):
+        return None
+    return min(versions, key=int, default="")
 
 
 def _not_found(namespace: str, name: str) -> TaskNotFound:

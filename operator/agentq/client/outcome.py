@@ -88,6 +88,17 @@ class WaitTimeout(TaskError, TimeoutError):
     """The task had not finished when the wait's time ran out; ``phase`` is where it was."""
 
 
+class ListTimeout(ClientError, TimeoutError):
+    """A wait by label selector ran out of time before the API server answered its
+    first LIST: which tasks match is not known (``selector``, ``namespace``: None for
+    every namespace)."""
+
+    def __init__(self, message: str, *, selector: str, namespace: str | None) -> None:
+        super().__init__(message)
+        self.selector = selector
+        self.namespace = namespace
+
+
 # --- outcomes (pure) -----------------------------------------------------------------------
 
 

@@ -25,14 +25,16 @@ from agentq.client import (
     ApiError,
     Client,
     End,
+    ListTimeout,
     ManifestError,
     NoCluster,
     Outcome,
+    Task,
     TaskNotFound,
     Unreachable,
     check_manifest,
+    final_end,
 )
-from agentq.client.outcome import FINAL
 from agentq.ops.commands import (
     EXIT_CODES_HELP,
     Duration,
@@ -190,27 +192,30 @@ def outcome_line(outcome: Outcome) -> str:
 def follow(
     client: Client,
     *,
-    names: list[tuple[str, str]] | None = None,
+    tasks: list[Task] | None = None,
     selector: str | None = None,
     all_namespaces: bool = False,
     timeout: float | None,
     text: bool,
 ) -> tuple[list[Outcome], float]:
-    """Wait for the tasks, printing each outcome as it comes (text); the outcomes in
-    the order they came and the seconds waited."""
+    """Wait for the tasks (handles: those ``submit`` returned start from the create's
+    answer), printing each outcome as it comes (text); the outcomes in the order they
+    came and the seconds waited."""
     started = time.monotonic()
     outcomes: list[Outcome] = []
-    handles = None if names is None else [client.task(n, ns) for ns, n in names]
-    for outcome in client.as_completed(
-        handles, selector=selector, all_namespaces=all_namespaces, timeout=timeout
-    ):
-        outcomes.append(outcome)
-        if text:
-            line = outcome_line(outcome)
-            if outcome.ok:
-                click.echo(line)
-            else:
-                click.echo(f"error: {line}", err=True)
+    try:
+        for outcome in client.as_completed(
+            tasks, selector=selector, all_namespaces=all_namespaces, timeout=timeout
+        ):
+            outcomes.append(outcome)
+            if text:
+                line = outcome_line(outcome)
+                if outcome.ok:
+                    click.echo(line)
+                else:
+                    click.echo(f"error: {line}", err=True)
+    except ListTimeout as err:
+        raise OpsError(f"timed out: {err}", Exit.TIMEOUT) from err
     return outcomes, time.monotonic() - started
 
 
@@ -321,9 +326,12 @@ def submit(
         outcomes: list[Outcome] = []
         waited = 0.0
         if wait and created:
+            # The handles, not their names: the wait starts from each create's answer,
+            # so a task finished and deleted at once (ttlSecondsAfterFinished: 0) is
+            # still seen ending, not reported missing.
             outcomes, waited = follow(
                 client,
-                names=[(c["namespace"], c["name"]) for c in created],
+                tasks=[c["task"] for c in created],
                 timeout=timeout,
                 text=text,
             )
@@ -402,7 +410,7 @@ def wait_command(
     with connected(kubeconfig, context, namespace) as client:
         outcomes, waited = follow(
             client,
-            names=[(client.namespace, n) for n in dict.fromkeys(names)] if names else None,
+            tasks=[client.task(n) for n in dict.fromkeys(names)] if names else None,
             selector=selector,
             all_namespaces=all_namespaces,
             timeout=timeout,
@@ -432,9 +440,10 @@ def cancel_verdict(task: Mapping[str, Any]) -> tuple[str, str]:
     or ("finished", why) -- a finished task cannot be cancelled."""
     status = task.get("status") or {}
     phase = str(status.get("phase") or "Pending")
-    if phase == "Cancelled":
+    end = final_end(task)  # a final phase with a requeue not yet honoured: not finished
+    if end is End.CANCELLED:
         return "already", "already Cancelled"
-    if phase in FINAL:
+    if end is not None:
         return "finished", f"it already finished ({phase})"
     if (task.get("spec") or {}).get("cancel"):
         return "already", f"cancel already requested (it is {phase})"

@@ -14,17 +14,22 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from click.testing import CliRunner, Result
 
 from agentq import kube
+from agentq.cli import main
 from agentq.client import (
     ApiError,
     AsyncClient,
     Client,
     End,
+    ListTimeout,
     TaskFailed,
     Unreachable,
+    aio,
 )
 from agentq.controlplane.cluster import free_port
+from agentq.ops import tasks as ops_tasks
 
 pytestmark = pytest.mark.unit
 
@@ -119,6 +124,26 @@ def run(api: FakeApi, body: Callable[[AsyncClient], Any]) -> Any:
             await server.close()
 
     return asyncio.run(main())
+
+
+def run_cli(api: FakeApi, args: list[str], monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``agentq ARGS`` against the fake API server (the CLI blocks: run in a thread)."""
+
+    async def main_() -> Result:
+        server = await serve(api)
+        config = kube.KubeConfig(
+            server=str(server.make_url("")).rstrip("/"),
+            credentials=kube.Credentials(),
+            namespace="ns",
+            source="test",
+        )
+        monkeypatch.setattr(ops_tasks, "find_config", lambda *_: config)
+        try:
+            return await asyncio.to_thread(CliRunner().invoke, main, args)
+        finally:
+            await server.close()
+
+    return asyncio.run(main_())
 
 
 def verbs(api: FakeApi) -> list[tuple[str, str]]:
@@ -296,3 +321,66 @@ def test_the_blocking_client_refuses_to_wait_on_its_own_thread() -> None:
 
         with pytest.raises(RuntimeError, match="from its own event loop's thread"):
             client._run(on_the_loop())
+
+
+def test_a_task_deleted_as_it_finishes_is_judged_by_its_last_state() -> None:
+    """ttlSecondsAfterFinished: 0: the task is gone before any LIST could see it; a wait
+    from the create's answer still sees it end (the DELETED event carries its status),
+    for more names than get a watch each too."""
+    names = [f"job-{i}" for i in range(10)]
+    api = FakeApi(
+        lists=[listing(1)],  # a LIST would find none of them
+        creates=[task(n, None, 40 + i) for i, n in enumerate(names)],
+        watches=[
+            [event("MODIFIED", task(n, "Running", 60 + i)) for i, n in enumerate(names)]
+            + [
+                event("DELETED", task(n, "Succeeded", 80 + i, result=i))
+                for i, n in enumerate(names)
+            ]
+        ],
+    )
+
+    async def submit_and_wait(client: AsyncClient) -> Any:
+        handles = [await client.submit(name=n, payload={}) for n in names]
+        return await client.wait_all(handles, timeout=10)
+
+    outcomes = run(api, submit_and_wait)
+    assert [(o.name, o.end, o.result) for o in outcomes] == [
+        (n, End.SUCCEEDED, i) for i, n in enumerate(names)
+    ]
+    assert verbs(api)[len(names) :] == [("WATCH", "40")]  # from the oldest create, no LIST
+
+
+def test_submit_wait_follows_the_create_not_a_later_list(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = tmp_path / "t.yaml"
+    manifest.write_text(json.dumps(task("job-x1", None, 0)))
+    api = FakeApi(
+        lists=[listing(1)],
+        creates=[task("job-x1", None, 40)],
+        watches=[[event("DELETED", task("job-x1", "Succeeded", 42, result="ok"))]],
+    )
+    result = run_cli(api, ["submit", "-f", str(manifest), "--wait", "--timeout", "10"], monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert 'agenttask/job-x1 Succeeded: "ok"' in result.output
+    assert verbs(api) == [("POST", ""), ("WATCH", "40")]
+
+
+def test_a_selector_list_that_never_answers_is_a_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "no task matches": which tasks match is not known."""
+    monkeypatch.setattr(aio, "FIRST_LOOK_GRACE", 0.2)
+    api = FakeApi(lists=[listing(10, task("a", "Running", 9))], watches=[[HANG]], list_delay=2.0)
+    with pytest.raises(ListTimeout, match="no answer to the LIST of agenttasks matching 'b=7'"):
+        run(api, lambda c: c.wait_all(selector="b=7", timeout=0.1))
+    result = run_cli(api, ["wait", "-l", "b=7", "--timeout", "0.1"], monkeypatch)
+    assert result.exit_code == 5, result.output
+    assert "timed out: no answer to the LIST" in result.output
+
+
+def test_a_watch_that_ends_at_once_is_asked_again_after_a_backoff() -> None:
+    """A proxy answering 200 and closing at once: not a storm of WATCHes."""
+    api = FakeApi(lists=[listing(10, task("a", "Running", 9))], watches=[[]])
+    outcome = run(api, lambda c: c.task("a").outcome(timeout=1.0))
+    assert outcome.end is End.TIMEOUT
+    assert 2 <= len(api.requests) <= 7, verbs(api)

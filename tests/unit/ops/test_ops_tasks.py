@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import pytest
 from click.testing import CliRunner
 
-from agentq import kube
+from agentq import kube, protocol
 from agentq.cli import main
 from agentq.client import End, Outcome
 from agentq.kube.sync import SyncClient
@@ -100,6 +100,12 @@ def with_status(**status: Any) -> dict[str, Any]:
     return body
 
 
+def requeued(phase: str, *, handled: str | None = None) -> dict[str, Any]:
+    body = with_status(phase=phase, **({"requeueHandled": handled} if handled else {}))
+    body["metadata"].setdefault("annotations", {})[protocol.ANNOTATION_REQUEUE] = "r1"
+    return body
+
+
 @pytest.mark.parametrize(
     ("body", "verdict"),
     [
@@ -114,6 +120,10 @@ def with_status(**status: Any) -> dict[str, Any]:
         (with_status(phase="Succeeded"), ("finished", "it already finished (Succeeded)")),
         (with_status(phase="DeadLettered"), ("finished", "it already finished (DeadLettered)")),
         (with_status(phase="Failed"), ("finished", "it already finished (Failed)")),
+        # a requeue not yet honoured: about to run again, so the cancel is sent
+        (requeued("Failed"), ("send", "Failed")),
+        (requeued("Cancelled"), ("send", "Cancelled")),
+        (requeued("Failed", handled="r1"), ("finished", "it already finished (Failed)")),
     ],
 )
 def test_what_cancel_does_with_a_task(body: dict[str, Any], verdict: tuple[str, str]) -> None:
