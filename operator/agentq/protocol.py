@@ -39,6 +39,10 @@ ANNOTATION_REVOKED = f"{GROUP}/revoked"
 # Set on its worker Lease by a sidecar whose pod is going away (its agent asked it to
 # drain: a scale-down): the worker keeps and renews its claims but gets no new task.
 ANNOTATION_DRAINING = f"{GROUP}/draining"
+# Set on its worker Lease by a sidecar that releases it (holder cleared, on SIGTERM): its
+# identity. A sidecar restarted in the same pod (same identity) takes the Lease and its
+# task Leases back, as after a crash; another pod's sidecar takes it over.
+ANNOTATION_RELEASED_BY = f"{GROUP}/released-by"
 REVOKE_CANCELLED = "Cancelled"  # spec.cancel
 REVOKE_DEADLINE = "DeadlineExceeded"  # spec.activeDeadlineSeconds passed
 REVOKE_REASONS = (REVOKE_CANCELLED, REVOKE_DEADLINE)

@@ -12,7 +12,9 @@ lock that makes this sidecar the only one serving the worker's task Leases.
   exist at that moment are not ours to serve (``serve_from_rv``): the previous
   holder's agent may still be working on them with the same fencing token.
   Taking over from our own identity (a restarted sidecar container in the same
-  pod) adopts them: the agent beside us is the same.
+  pod) adopts them: the agent beside us is the same. So does taking back a Lease
+  released by our own identity (``agentq.dev/released-by``): the container was
+  stopped gracefully (a liveness-probe restart) rather than killed.
 - ``held(now)``: our last successful write is younger than the Lease's duration.
   Task Leases are renewed only while this holds, so a sidecar that was frozen or
   cut off first proves it still holds the worker Lease before renewing anything.
@@ -23,8 +25,10 @@ lock that makes this sidecar the only one serving the worker's task Leases.
   takeover or a new Lease never carries the annotation.
 - ``release()`` on shutdown: a replace with ``holderIdentity`` cleared (and a
   one-second duration, as client-go's ReleaseOnCancel writes), so the operator
-  stops dispatching to the worker at once. The Lease stays (the next pod of the
-  worker takes it over).
+  stops dispatching to the worker at once, annotated ``agentq.dev/released-by`` =
+  our identity (dropped by the next holder's first write), so that a restart in the
+  same pod is told from another pod. The Lease stays (the next pod of the worker
+  takes it over).
 - ``own_by(agent_worker)`` once the sidecar has registered its AgentWorker: the
   Lease's next write names it its owner, so the garbage collector deletes the Lease
   with the worker (a pool's pod that owns it, the CRDs deleted after an uninstall,
@@ -180,7 +184,9 @@ class WorkerLeaseKeeper:
                     log.info("worker Lease %s is held by %s; waiting", self.name, holder)
                 self.other_holder = holder
                 return
-        if holder != self.identity:
+        # Ours: held by our identity (a crash), or released by it (a graceful stop).
+        ours = holder == self.identity or (not holder and released_by(current) == self.identity)
+        if not ours:
             serve_from = None  # a takeover: serve what is written after it
         elif self._taking_over:
             serve_from = _rv(current)  # our takeover did happen: this is its write
@@ -233,7 +239,7 @@ class WorkerLeaseKeeper:
         except ApiError as err:
             if err.status in (404, 409):
                 return  # changed or gone in between: the next round decides again
-            if current_holder(current) != self.identity:
+            if serve_from_rv is None:
                 self._taking_over = True
             raise
         # Adopting our own (same pod): serve every task Lease. Otherwise only those
@@ -322,6 +328,8 @@ class WorkerLeaseKeeper:
         body["metadata"]["labels"] = {**(body["metadata"].get("labels") or {}), **self._labels()}
         self._owned(body["metadata"])
         self._mark_draining(body)
+        # Held again: no longer released (by us or the pod we take it over from).
+        body["metadata"]["annotations"].pop(protocol.ANNOTATION_RELEASED_BY, None)
         return body
 
     def _deleted(self) -> None:
@@ -340,18 +348,14 @@ class WorkerLeaseKeeper:
     # -- releasing --------------------------------------------------------------------------
 
     async def release(self) -> bool:
-        """Clear ``holderIdentity`` if we hold the Lease; True if released."""
+        """Clear ``holderIdentity`` if we hold the Lease, saying who released it; True if
+        released."""
         if not self.holding or self.lease is None:
             return False
         self.holding = False
-        body = copy.deepcopy(self.lease)
-        spec = body.setdefault("spec", {})
-        spec["holderIdentity"] = None
-        spec["leaseDurationSeconds"] = 1
-        spec["renewTime"] = micro_rfc3339(self.clock.now())
         path = lease_path(self.namespace, self.name)
         try:
-            await self.api.request("PUT", path, body=body, resource="leases")
+            await self.api.request("PUT", path, body=self._released(self.lease), resource="leases")
         except ApiError as err:
             if err.status != 409:
                 log.warning("could not release worker Lease %s: %s", self.name, err)
@@ -359,11 +363,25 @@ class WorkerLeaseKeeper:
             current = await self.api.request("GET", path, resource="leases")
             if current_holder(current) != self.identity:
                 return False
-            current["spec"]["holderIdentity"] = None
-            current["spec"]["leaseDurationSeconds"] = 1
-            await self.api.request("PUT", path, body=current, resource="leases")
+            await self.api.request("PUT", path, body=self._released(current), resource="leases")
         log.info("released worker Lease %s", self.name)
         return True
+
+    def _released(self, lease: Body) -> Body:
+        """A copy of ``lease`` released: no holder (the operator sees the worker go at
+        once), a one-second duration, and our identity as the one that released it (a
+        restart in this pod takes the Lease back as its own)."""
+        body = copy.deepcopy(lease)
+        body["metadata"].pop("managedFields", None)
+        body["metadata"]["annotations"] = {
+            **(body["metadata"].get("annotations") or {}),
+            protocol.ANNOTATION_RELEASED_BY: self.identity,
+        }
+        spec = body.setdefault("spec", {})
+        spec["holderIdentity"] = None
+        spec["leaseDurationSeconds"] = 1
+        spec["renewTime"] = micro_rfc3339(self.clock.now())
+        return body
 
     def _mark_draining(self, body: Body) -> None:
         annotations = dict(body["metadata"].get("annotations") or {})
@@ -405,6 +423,13 @@ async def _first(*events: asyncio.Event) -> None:
 def current_holder(lease: Body) -> str | None:
     holder = (lease.get("spec") or {}).get("holderIdentity")
     return str(holder) if holder else None
+
+
+def released_by(lease: Body) -> str | None:
+    """The identity that released ``lease`` (``release``), if it is released."""
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    by = annotations.get(protocol.ANNOTATION_RELEASED_BY)
+    return str(by) if by else None
 
 
 def _rv(body: Body) -> int:
