@@ -111,6 +111,7 @@ class Keda:
 
     def start(self, timeout: float = 120) -> None:
         kubeconfig = self.cp.kubeconfig
+        wait_until_not_terminating(self.cp, "scaledobjects.keda.sh")
         self.cp.kubectl("apply", "--server-side", "-f", str(self.crds), timeout=120)
         self.cp.kubectl("create", "namespace", self.namespace)
         certs = self._certs()
@@ -190,6 +191,13 @@ class Keda:
         )
 
     def stop(self) -> None:
+        # KEDA removes its own finalizers from what it scales: those objects go while it
+        # still runs, or the CRDs deleted below would stay terminating for good (and a
+        # later test applying them again would find them refusing every object).
+        for kind in KEDA_SCALERS:
+            self.cp.kubectl("delete", kind, "--all", "-A", "--ignore-not-found",
+                            "--timeout=60s", check=False, timeout=90)  # fmt: skip
+            _strip_finalizers(self.cp, kind)  # what KEDA did not let go of in time
         self.cp.kubectl("delete", "apiservice", APISERVICE, "--ignore-not-found", check=False)
         for popen in reversed(self.processes):
             _stop(popen)
@@ -197,6 +205,32 @@ class Keda:
                         check=False)  # fmt: skip
         self.cp.kubectl("delete", "-f", str(self.crds), "--ignore-not-found", "--wait=false",
                         check=False)  # fmt: skip
+
+
+KEDA_SCALERS = ("scaledobjects.keda.sh", "scaledjobs.keda.sh")
+
+
+def _strip_finalizers(control_plane: ControlPlane, kind: str) -> None:
+    done = control_plane.kubectl("get", kind, "-A", "-o", "json", check=False)
+    if done.returncode != 0:
+        return
+    for item in json.loads(done.stdout).get("items") or []:
+        meta = item["metadata"]
+        control_plane.kubectl("patch", kind, meta["name"], "-n", meta["namespace"],
+                              "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                              check=False)  # fmt: skip
+
+
+def wait_until_not_terminating(control_plane: ControlPlane, crd: str) -> None:
+    """A CRD an earlier test deleted (without waiting) is gone before it is applied
+    again: a terminating CRD takes the apply, then refuses its objects."""
+    deadline = time.monotonic() + 120
+    while True:
+        done = control_plane.kubectl("get", f"crd/{crd}", "-o", "json", check=False)
+        if done.returncode != 0 or not json.loads(done.stdout)["metadata"].get("deletionTimestamp"):
+            return
+        assert time.monotonic() < deadline, f"{crd} still terminating after 120 s"
+        time.sleep(0.5)
 
 
 class Prometheus:

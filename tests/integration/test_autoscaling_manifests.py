@@ -18,9 +18,13 @@ import yaml
 
 from agentq.controlplane import binaries
 from fleet import ControlPlane
+from kedatools import wait_until_not_terminating
 from manifests import MANIFESTS, kustomize
 
 EXAMPLE = MANIFESTS / "examples" / "autoscaling"
+# KEDA's CRDs are cluster-wide on the shared control plane, and test_keda_scaling.py's
+# clean-up deletes them: one group, so the two never run at once.
+pytestmark = pytest.mark.xdist_group("keda-crds")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +39,7 @@ def keda_crds() -> Path:
 def test_the_example_is_valid_for_kedas_crds(
     control_plane: ControlPlane, keda_crds: Path, namespace: str
 ) -> None:
+    wait_until_not_terminating(control_plane, "scaledobjects.keda.sh")
     control_plane.kubectl("apply", "--server-side", "-f", str(keda_crds), timeout=120)
     deadline = time.monotonic() + 60
     while True:

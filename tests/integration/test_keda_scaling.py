@@ -29,6 +29,10 @@ from fleet import ControlPlane, Fleet
 from kedatools import Keda, Prometheus
 from manifests import MANIFESTS, kustomize
 
+# KEDA's CRDs are cluster-wide on the shared control plane (see
+# test_autoscaling_manifests.py): one group, run one after the other.
+pytestmark = pytest.mark.xdist_group("keda-crds")
+
 EXAMPLE = MANIFESTS / "examples" / "autoscaling"
 DEPLOYMENT = "agent-pool-llm"
 
