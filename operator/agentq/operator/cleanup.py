@@ -234,7 +234,7 @@ class Cleanup:
             # added, a cancel ignored): its event moved the entry on already, so no
             # later event would bring it back. Deleted again, as it is now, when it is
             # due (later if its TTL was raised meanwhile).
-            self._again(key, entry, max(0.0, entry.due - self.clock.monotonic()))
+            self._again(key, entry, 0.0)
             return
         if reply.ok or reply.status in (Status.GONE, Status.CONFLICT):
             # Deleted; or gone already; or changed since (its event says what it is now).
@@ -250,7 +250,8 @@ class Cleanup:
 
     def _again(self, key: Key, entry: _Entry, delay: float) -> None:
         if self.entries.get(key) is entry:
-            entry.due = self.clock.monotonic() + delay
+            # No sooner than it is due: its TTL may have been raised while it was out.
+            entry.due = max(entry.due, self.clock.monotonic() + delay)
             heapq.heappush(self._heap, (entry.due, next(self._seq), key))
 
     # -- for the gauges -----------------------------------------------------------------

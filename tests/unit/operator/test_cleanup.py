@@ -10,6 +10,7 @@ from typing import Any
 
 from agentq import protocol
 from agentq.operator.fake import Hang
+from agentq.operator.port import KubeError
 from agentq.operator.records import TOMBSTONE_SECONDS
 from builders import task
 from harness import NS, Harness, run
@@ -413,3 +414,32 @@ async def test_the_timing_of_deletes_holds_no_more_than_the_finished_tasks_it_kn
         cleanup = h.controller.cleanup
         assert len(cleanup) == 0
         assert len(cleanup._heap) <= 2 * len(cleanup) + 1024, (leading, len(cleanup._heap))
+
+
+@run
+async def test_a_ttl_raised_while_its_delete_is_out_then_lost_is_honoured() -> None:
+    """As above, the delete's answer lost (unknown outcome): tried again when the new TTL
+    says, not a second later."""
+    h = Harness(ttl_after_finished=10)
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    real = h.kube.delete_task
+    raced: list[str] = []
+
+    async def racing(namespace: str, name: str, uid: str, resource_version: str) -> Any:
+        if not raced:
+            raced.append(name)
+            h.kube.edit(
+                "agenttasks", NS, name, lambda b: b["spec"].update(ttlSecondsAfterFinished=3600)
+            )
+            h.controller.step()
+            raise KubeError("timeout")
+        return await real(namespace, name, uid, resource_version)
+
+    h.kube.delete_task = racing  # type: ignore[method-assign]
+    await h.advance(11)
+    assert raced == ["t"]
+    await h.advance(120)
+    assert h.kube.get("agenttasks", NS, "t") is not None, "held by its new TTL"
+    await h.advance(3600)
+    assert h.kube.get("agenttasks", NS, "t") is None
