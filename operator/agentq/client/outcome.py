@@ -257,6 +257,9 @@ class Tracker:
         )
         self.last: dict[tuple[str, str], Body] = {}
         self.uids: dict[tuple[str, str], str] = {}
+        # A seeded task's create, as a number: events of an older namesake replayed by a
+        # watch from an earlier create are not ours.
+        self.created: dict[tuple[str, str], int] = {}
         self.ended: dict[tuple[str, str], Outcome] = {}
         self.listings = 0
         self.on_end: Callable[[Outcome], None] = lambda outcome: None
@@ -271,6 +274,9 @@ class Tracker:
         if self.keys is None:
             self.keys = {key: None}
         self.listings += 1
+        version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+        if version.isdigit():
+            self.created[key] = int(version)
         self._see(key, body)
 
     def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -300,7 +306,23 @@ class Tracker:
             self.last[key] = dict(body)
             self._end(key, final_end(body) or End.DELETED)
         elif kind in ("ADDED", "MODIFIED"):
+            if self._older_namesake(key, body):
+                return
             self._see(key, body)
+
+    def _older_namesake(self, key: tuple[str, str], body: Mapping[str, Any]) -> bool:
+        """``body`` is of another task of this name, changed before ours was created (a
+        watch of several tasks starts from the oldest create)."""
+        meta = body.get("metadata") or {}
+        uid, version = str(meta.get("uid") or ""), str(meta.get("resourceVersion") or "")
+        created = self.created.get(key)
+        return (
+            created is not None
+            and bool(uid)
+            and uid != self.uids.get(key)
+            and version.isdigit()
+            and int(version) < created
+        )
 
     def _see(self, key: tuple[str, str], body: Mapping[str, Any]) -> None:
         uid = str((body.get("metadata") or {}).get("uid") or "")

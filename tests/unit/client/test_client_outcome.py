@@ -142,6 +142,24 @@ def test_a_seed_stands_for_the_first_listing() -> None:
     assert tracker.ended[("ns", "a")].end is End.DELETED
 
 
+def test_an_older_namesakes_change_replayed_from_an_earlier_create_is_not_ours() -> None:
+    """A watch of several submitted tasks starts from the oldest create: it replays
+    changes of an earlier task named like a later one, made before that one existed."""
+    tracker = Tracker([("ns", "a"), ("ns", "b")])
+    seeded = body("b", uid="new-b")
+    seeded["metadata"]["resourceVersion"] = "40"
+    tracker.seed(body("a", uid="a"))
+    tracker.seed(seeded)
+    old = body("b", "Running", uid="old-b")
+    old["metadata"]["resourceVersion"] = "35"
+    tracker.event("MODIFIED", old)
+    assert ("ns", "b") not in tracker.ended
+    later = body("b", "Pending", uid="newer-b")
+    later["metadata"]["resourceVersion"] = "50"  # ours deleted and made again since
+    tracker.event("ADDED", later)
+    assert tracker.ended[("ns", "b")].end is End.DELETED
+
+
 @pytest.mark.parametrize(
     ("end", "error", "bases"),
     [
