@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import re
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -127,9 +128,10 @@ class FencedStore(abc.ABC):
         (``StaleTokenError``), trying the fence again first -- a revoked attempt's late
         write is refused even when the revocation's fence did not reach the store."""
         owed: dict[str, int] = self.__dict__.setdefault("_owed_fences", {})
-        if key not in owed and len(owed) >= MAX_OWED_FENCES:
-            owed.pop(next(iter(owed)))  # the oldest: bounded whatever the agent runs
-        owed[key] = max(owed.get(key, 0), token)
+        with self.__dict__.setdefault("_owed_lock", threading.Lock()):
+            if key not in owed and len(owed) >= MAX_OWED_FENCES:
+                owed.pop(next(iter(owed)))  # the oldest: bounded whatever the agent runs
+            owed[key] = max(owed.get(key, 0), token)
 
     def _refuse_owed(self, key: str, token: int) -> None:
         """Called before every change of ``key``: refused if a fence owed on it is above
@@ -142,7 +144,9 @@ class FencedStore(abc.ABC):
             return
         with contextlib.suppress(Exception):  # the store may still be away: refused anyway
             self.fence(key, highest)
-            owed.pop(key, None)
+            with self.__dict__.setdefault("_owed_lock", threading.Lock()):
+                if owed.get(key) == highest:  # not raised meanwhile by another thread
+                    del owed[key]
         raise StaleTokenError(key, token, highest)
 
     def close(self) -> None:  # noqa: B027 - backends without resources need not override it
