@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from agentq.ops.commands import EXIT_CODES_HELP, cluster_options, connect, handles_errors
+from agentq.ops.commands import EXIT_CODES_HELP, RATE, cluster_options, connect, handles_errors
 from agentq.ops.errors import Exit, OpsError
 from agentq.ops.kube import Body, Cluster
 from agentq.ops.redrive import (
@@ -100,7 +100,7 @@ def _send(cluster: Cluster, task: Mapping[str, Any]) -> tuple[Body | None, str]:
 )
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=RATE,
     default=None,
     metavar="PER_SECOND",
     help="at most this many requeues per second [default: as fast as the API server takes them]",

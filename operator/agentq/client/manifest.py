@@ -4,6 +4,7 @@ message is the one a user sees)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,6 +13,8 @@ from agentq.models import API_VERSION
 
 Body = dict[str, Any]
 KIND = "AgentTask"
+# A DNS subdomain (an object's name; a namespace is a narrower DNS label).
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 # --- manifests (pure) ----------------------------------------------------------------------
@@ -89,6 +92,13 @@ def check_manifest(manifest: Any, *, namespace: str | None = None) -> Body:
     if not meta.get("name") and not meta.get("generateName"):
         raise ManifestError("metadata.name or metadata.generateName is required")
     given = meta.get("namespace")
+    for field, value in (("namespace", given or namespace), ("name", meta.get("name"))):
+        if value and not (isinstance(value, str) and _NAME.fullmatch(value)):
+            # Checked here, not by the API server: a name is part of the request's path.
+            raise ManifestError(
+                f"metadata.{field} {value!r} is not a Kubernetes name (lower-case letters, "
+                "digits, '-' and '.', at most 253 characters)" + _named(manifest)
+            )
     if namespace and given and given != namespace:
         raise ManifestError(
             f"the namespace of the manifest ({given}) does not match the namespace asked "

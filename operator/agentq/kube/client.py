@@ -219,11 +219,19 @@ def object_path(
     group: str, version: str, namespace: str | None, plural: str, name: str = ""
 ) -> str:
     """The REST path of a collection or object (``namespace`` None: all namespaces)."""
+    base = "/api/v1" if not group else f"/apis/{group}/{version}"
+    path = f"{base}/namespaces/{_segment(namespace)}/{plural}" if namespace else f"{base}/{plural}"
+    return f"{path}/{_segment(name)}" if name else path
+
+
+def _segment(text: str) -> str:
+    """``text`` as one path segment, whatever it holds ("a/b", ".."): a name or namespace
+    from a manifest must not address another resource."""
     from urllib.parse import quote
 
-    base = "/api/v1" if not group else f"/apis/{group}/{version}"
-    path = f"{base}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{base}/{plural}"
-    return f"{path}/{quote(name)}" if name else path
+    if text in (".", ".."):  # no Kubernetes name; an HTTP client would resolve it
+        raise ValueError(f"{text!r} is not a Kubernetes name")
+    return quote(text, safe="")
 
 
 def lease_path(namespace: str | None, name: str = "") -> str:

@@ -37,6 +37,7 @@ from agentq.client import (
 )
 from agentq.ops.commands import (
     EXIT_CODES_HELP,
+    RATE,
     Duration,
     cluster_options,
     handles_errors,
@@ -134,12 +135,15 @@ def read_documents(files: Iterable[str], stdin: Callable[[], str]) -> list[Docum
                 loaded = [d for d in yaml.safe_load_all(text) if d is not None]
             except yaml.YAMLError as err:
                 raise OpsError(f"{source}: not YAML or JSON: {err}", Exit.USAGE) from err
-            for index, doc in enumerate(_flatten(loaded)):
+            for index, doc in enumerate(_flatten(loaded, source)):
                 label = f"{source}#{index + 1}" if len(loaded) > 1 else source
                 if not isinstance(doc, dict):
                     raise OpsError(
                         f"{label}: a manifest is a mapping, not {type(doc).__name__}", Exit.USAGE
                     )
+                problem = json_problem(doc)
+                if problem is not None:
+                    raise OpsError(f"{label}: {problem}", Exit.USAGE)
                 documents.append(Document(label, doc))
     if not documents:
         raise OpsError(f"no manifest in {', '.join(files)}", Exit.USAGE)
@@ -164,12 +168,53 @@ def _texts(name: str, stdin: Callable[[], str]) -> Iterator[tuple[str, str]]:
         raise OpsError(f"cannot read {name}: {err}", Exit.USAGE) from err
 
 
-def _flatten(docs: list[Any]) -> Iterator[Any]:
+def _flatten(docs: list[Any], source: str) -> Iterator[Any]:
     for doc in docs:
         if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List"):
-            yield from doc.get("items") or []
+            items = doc.get("items") or []
+            if not isinstance(items, list):
+                raise OpsError(
+                    f"{source}: a {doc.get('kind')}'s items are a list, not {type(items).__name__}",
+                    Exit.USAGE,
+                )
+            yield from items
         else:
             yield doc
+
+
+#: The most values a manifest may hold once YAML's aliases are expanded: far above any
+#: AgentTask etcd stores (1.5 MiB), far below what a few bytes of nested aliases make.
+MAX_MANIFEST_VALUES = 200_000
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def json_problem(doc: Any) -> str | None:
+    """Why ``doc`` cannot be sent as JSON, or None: a value YAML reads that JSON has not
+    (a date, binary, a set, a non-string key), or more than ``MAX_MANIFEST_VALUES``
+    values once aliases are expanded (a "billion laughs" of a few hundred bytes)."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    seen = 0
+    while stack:
+        value, path = stack.pop()
+        seen += 1
+        if seen > MAX_MANIFEST_VALUES:
+            return (
+                f"more than {MAX_MANIFEST_VALUES:,} values once its YAML aliases are "
+                "expanded: not a manifest the API server would take"
+            )
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    return f"{path or 'the manifest'} has a key that is not a string: {key!r}"
+                stack.append((item, f"{path}.{key}" if path else key))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
+        elif not isinstance(value, _JSON_SCALARS) or (isinstance(value, float) and value != value):
+            return (
+                f"{path or 'the manifest'} is a {type(value).__name__} ({value!r:.60}), which "
+                "JSON has not: quote it to send it as a string"
+            )
+    return None
 
 
 # --- printing outcomes ----------------------------------------------------------------------
@@ -531,7 +576,7 @@ def _send_cancels(
 @click.option("-A", "--all-namespaces", is_flag=True, help="with -l: every namespace")
 @click.option(
     "--rate",
-    type=click.FloatRange(min=0, min_open=True),
+    type=RATE,
     default=None,
     metavar="PER_SECOND",
     help="at most this many cancels per second [default: as fast as the API server takes them]",

@@ -59,6 +59,25 @@ def test_manifests_are_read_from_files_directories_lists_and_stdin(tmp_path: Pat
         ("a: [1", "not YAML or JSON"),
         ("- 1\n- 2\n", "a manifest is a mapping, not list"),
         ("", "no manifest in"),
+        ("kind: List\nitems: 5\n", "a List's items are a list, not int"),
+        ("kind: List\nitems: abc\n", "a List's items are a list, not str"),
+        (
+            "apiVersion: v\nkind: AgentTask\nspec: {payload: {when: 2024-01-01}}\n",
+            "spec.payload.when is a date",
+        ),
+        ("kind: AgentTask\nspec: {payload: !!binary aGk=}\n", "spec.payload is a bytes"),
+        ("kind: AgentTask\nspec: {payload: {1: a}}\n", "has a key that is not a string"),
+        ("kind: AgentTask\nspec: {payload: .nan}\n", "spec.payload is a float"),
+        (
+            "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+            + "".join(
+                f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, "
+                f"*a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}, *a{i - 1}]\n"
+                for i in range(1, 10)
+            )
+            + "kind: AgentTask\nspec: {payload: *a9}\n",
+            "values once its YAML aliases are expanded",
+        ),
     ],
 )
 def test_unreadable_manifests_are_bad_arguments(tmp_path: Path, content: str, message: str) -> None:
@@ -193,6 +212,9 @@ def test_an_outcome_line_shows_a_result_or_the_error() -> None:
         (["wait", "pod/a"], "is not an AgentTask"),
         (["cancel"], "which tasks?"),
         (["cancel", "a", "--rate", "0"], "--rate"),
+        (["cancel", "a", "--rate", "nan"], "not a finite number"),
+        (["cancel", "a", "--rate", "inf"], "--rate"),
+        (["cancel", "a", "--rate", "1e-300"], "--rate"),
         (["submit"], "Missing option '-f'"),
         (["submit", "-f", "x.yaml", "--timeout", "5"], "--timeout goes with --wait"),
         (["submit", "-f", "x.yaml", "--wait", "--dry-run"], "creates nothing to wait for"),
@@ -210,6 +232,27 @@ def test_a_manifest_of_another_kind_is_refused_before_connecting(tmp_path: Path)
     result = CliRunner().invoke(main, ["submit", "-f", str(path)], env={"KUBECONFIG": "/none"})
     assert result.exit_code == Exit.USAGE, result.output
     assert "expected apiVersion agentq.dev/v1alpha1 and kind AgentTask, got v1 Pod" in result.output
+
+
+@pytest.mark.parametrize(
+    ("manifest", "args"),
+    [
+        ("metadata: {name: t}", ["-n", "../../x"]),
+        ("metadata: {name: t, namespace: ../../x}", []),
+        ("metadata: {name: a/b}", ["-n", "ns"]),
+    ],
+)
+def test_a_name_that_would_be_another_path_is_refused_before_connecting(
+    manifest: str, args: list[str]
+) -> None:
+    """A name or namespace is part of the request's path: '../../x' would address another
+    resource."""
+    text = f"apiVersion: agentq.dev/v1alpha1\nkind: AgentTask\n{manifest}\n"
+    result = CliRunner().invoke(
+        main, ["submit", "-f", "-", *args], input=text, env={"KUBECONFIG": "/none"}
+    )
+    assert result.exit_code == Exit.USAGE, result.output
+    assert "is not a Kubernetes name" in result.output
 
 
 def test_the_verbs_list_the_exit_codes_in_their_help() -> None:
