@@ -5,10 +5,12 @@ beside (not inside) an event loop of the caller's."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Awaitable, Coroutine, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+import types
+from collections.abc import AsyncGenerator, Awaitable, Coroutine, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar
 
 from agentq import kube
 from agentq.client.aio import AsyncClient, AsyncTask
@@ -16,6 +18,8 @@ from agentq.client.outcome import Outcome
 
 Body = dict[str, Any]
 T = TypeVar("T")
+# How long an interrupted call waits for its coroutine to end (it was cancelled).
+CANCEL_WAIT = 5.0
 
 
 class _Loop:
@@ -40,13 +44,14 @@ class _Loop:
             if asyncio.iscoroutine(coroutine):
                 coroutine.close()
             raise RuntimeError("agentq.client.Client called from its own event loop's thread")
-        future = asyncio.run_coroutine_threadsafe(_awaited(coroutine), self.loop)
+        call = _Call(self.loop, coroutine)
         try:
-            return future.result()
+            return call.result()
         except BaseException:
-            future.cancel()  # Ctrl-C while waiting: stop the request too
-            with contextlib.suppress(BaseException):
-                future.result(timeout=5)
+            # Ctrl-C while waiting: stop the request too, and wait (bounded) until the
+            # coroutine has really ended, so what it held (an async generator's step,
+            # a connection) is free when the KeyboardInterrupt goes on, unchanged.
+            call.cancel(timeout=CANCEL_WAIT)
             raise
 
     def soon(self, coroutine: Coroutine[Any, Any, Any]) -> None:
@@ -65,6 +70,50 @@ class _Loop:
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+class _Call(Generic[T]):
+    """One awaitable run as a task on ``loop``, waited on from another thread.
+
+    Unlike ``run_coroutine_threadsafe``'s future, whose ``cancel()`` reports "cancelled"
+    at once while the task still runs, ``cancel`` here waits until the task is done.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, awaitable: Awaitable[T]) -> None:
+        self._loop = loop
+        self._future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._ended = threading.Event()  # the task is done (result, error or cancelled)
+        self._task: asyncio.Task[T] | None = None
+        loop.call_soon_threadsafe(self._start, awaitable)
+
+    def _start(self, awaitable: Awaitable[T]) -> None:  # on the loop
+        self._task = self._loop.create_task(_awaited(awaitable))
+        self._task.add_done_callback(self._settle)
+
+    def _settle(self, task: asyncio.Task[T]) -> None:  # on the loop
+        try:
+            if task.cancelled():
+                self._future.cancel()
+            elif (error := task.exception()) is not None:
+                self._future.set_exception(error)
+            else:
+                self._future.set_result(task.result())
+        finally:
+            self._ended.set()
+
+    def result(self) -> T:
+        return self._future.result()
+
+    def cancel(self, timeout: float) -> bool:
+        """Cancel the task and wait up to ``timeout`` seconds for it to end; whether it did."""
+        if not self._ended.is_set() and not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._cancel)
+        return self._ended.wait(timeout)
+
+    def _cancel(self) -> None:  # on the loop; after _start (callbacks run in order)
+        if self._task is not None:
+            self._task.cancel()
 
 
 class Client:
@@ -165,8 +214,11 @@ class Client:
                 pass
             elif self._loop.here:
                 self._loop.soon(outcomes.aclose())
-            else:
+            elif not _stepping(outcomes):
                 self._run(outcomes.aclose())
+            # else: a step interrupted (Ctrl-C) is still being cancelled after
+            # CANCEL_WAIT; closing it now would raise RuntimeError over the
+            # KeyboardInterrupt. The step's cancel ends it, and its watches with it.
 
     def wait_all(
         self,
@@ -187,6 +239,11 @@ class Client:
                 timeout=timeout,
             )
         )
+
+
+def _stepping(generator: AsyncGenerator[Any, Any]) -> bool:
+    """Whether a step of ``generator`` is under way on the loop (``aclose`` would raise)."""
+    return isinstance(generator, types.AsyncGeneratorType) and generator.ag_running
 
 
 def _unwrap(tasks: Iterable[Task | str] | None) -> list[AsyncTask | str] | None:

@@ -39,12 +39,14 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 ok; 1 not everything was done (refused, conflicting); 2 bad arguments; "
     "3 no usable cluster (no kubeconfig, unreachable, CRDs missing); 4 not found (or "
     "deleted while waited on); 5 timed out; 6 a task Failed or DeadLettered; 7 a task "
-    "was Cancelled. Several at once: the first of 3, 1, 4, 6, 7, 5."
+    "was Cancelled; 130 interrupted (Ctrl-C; what was sent stays sent). Several at once: "
+    "the first of 3, 1, 4, 6, 7, 5."
 )
 
 
 def handles_errors(command: Callable[P, R]) -> Callable[P, R]:
-    """Print an ``OpsError`` as ``error: ...`` and exit with its code."""
+    """Print an ``OpsError`` as ``error: ...`` and exit with its code; Ctrl-C as one line
+    and 130 (not a traceback, nor click's "Aborted!" and 1)."""
 
     @functools.wraps(command)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -53,6 +55,9 @@ def handles_errors(command: Callable[P, R]) -> Callable[P, R]:
         except OpsError as err:
             click.echo(f"error: {err}", err=True)
             sys.exit(int(err.code))
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(int(Exit.INTERRUPTED))
 
     return wrapper
 

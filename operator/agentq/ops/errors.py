@@ -33,10 +33,14 @@ class Exit(IntEnum):
     FAILED = 6
     # ``wait``, ``submit --wait``: a task ended Cancelled.
     CANCELLED = 7
+    # Interrupted (Ctrl-C, SIGINT; 128 + 2 as shells report it): the verb stopped where
+    # it was; what it had sent stays sent. Never combined with the others.
+    INTERRUPTED = 130
 
 
 # When a verb's tasks end differently, the exit code is the first of these that
 # occurred: the most definite bad news wins; a timeout only says "not yet".
+# (INTERRUPTED is not an outcome: it ends the verb.)
 PRECEDENCE = (
     Exit.NO_CLUSTER,
     Exit.PARTIAL,

@@ -179,7 +179,7 @@ def test_every_end_has_its_own_exit_code_and_the_help_says_the_order() -> None:
     assert set(EXIT_BY_END) == set(End)
     codes = {EXIT_BY_END[e] for e in End}
     assert codes == {Exit.OK, Exit.FAILED, Exit.CANCELLED, Exit.NOT_FOUND, Exit.TIMEOUT}
-    assert set(PRECEDENCE) == set(Exit) - {Exit.USAGE}
+    assert set(PRECEDENCE) == set(Exit) - {Exit.USAGE, Exit.INTERRUPTED}
     for code in Exit:
         assert f"{int(code)} " in EXIT_CODES_HELP
     order = ", ".join(str(int(c)) for c in PRECEDENCE if c is not Exit.OK)
