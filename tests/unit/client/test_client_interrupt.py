@@ -131,6 +131,9 @@ def test_agentq_wait_interrupted_exits_130_without_a_traceback(tmp_path: Path) -
         with subprocess.Popen(
             [sys.executable, "-m", "agentq.cli", "wait", "a"],
             env=env,
+            # As a terminal's shell starts it: Ctrl-C not ignored. A test runner's worker
+            # may ignore SIGINT, and a child inherits that (Python then keeps it ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
