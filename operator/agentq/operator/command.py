@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import click
 
 from agentq import jsonlog
+from agentq.clicktypes import FiniteFloatRange
 from agentq.operator.config import (
     OperatorConfig,
     env_name,
@@ -33,17 +33,6 @@ class _CommaList(click.types.StringParamType):
     envvar_list_splitter = ","
 
 
-class _FiniteFloat(click.FloatRange):
-    """A float in range, and a number: ``inf`` and ``nan`` pass a range's checks, and
-    would then stand for a timer that never fires or an interval no sleep takes."""
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
 def _value_type(annotation: Any, field: dataclasses.Field[Any]) -> click.ParamType[Any]:
     flag = flag_of(field)
     if flag.choices:
@@ -56,7 +45,7 @@ def _value_type(annotation: Any, field: dataclasses.Field[Any]) -> click.ParamTy
         )
     if base is float:
         low = flag.at_least if flag.above is None else flag.above
-        return _FiniteFloat(min=low, max=flag.at_most, min_open=flag.above is not None)
+        return FiniteFloatRange(min=low, max=flag.at_most, min_open=flag.above is not None)
     return click.STRING
 
 

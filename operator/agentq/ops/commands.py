@@ -25,6 +25,7 @@ from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.text import Text
 
+from agentq.clicktypes import FiniteFloatRange
 from agentq.clock import parse_time
 from agentq.models import ModelError
 from agentq.ops import explain as explaining
@@ -62,23 +63,11 @@ def handles_errors(command: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-class _Rate(click.FloatRange):
-    """``--rate PER_SECOND``: a finite number of writes a second, at least one every
-    ``1 / MIN_RATE`` seconds (nan and inf pass a range's checks; a rate of 1e-300 would
-    be an interval no clock holds)."""
-
-    name = "rate"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if number != number or number in (float("inf"), float("-inf")):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
 MIN_RATE = 0.001  # one write every 1,000 s
 MAX_RATE = 1_000_000.0
-RATE = _Rate(min=MIN_RATE, max=MAX_RATE)
+# --rate PER_SECOND: at least one write every 1,000 s (1e-300 is an interval no clock
+# holds), and a number.
+RATE = FiniteFloatRange(min=MIN_RATE, max=MAX_RATE)
 
 
 def cluster_options(command: Callable[P, R]) -> Callable[P, R]:

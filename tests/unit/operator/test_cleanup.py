@@ -330,14 +330,10 @@ async def test_a_ttl_raised_after_the_task_finished_holds_it_longer() -> None:
     assert h.kube.get("agenttasks", NS, "up") is None
 
 
-@run
-async def test_a_ttl_raised_while_its_delete_is_out_is_honoured() -> None:
-    """The TTL raised, and its event seen, while the delete is on its way: the delete is
-    refused (an older resourceVersion) and the task is due by its new TTL, not deleted
-    again at once."""
-    h = Harness(ttl_after_finished=10)
-    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
-    await h.settle()
+def raise_the_ttl_as_the_delete_goes_out(h: Harness, *, answer_lost: bool = False) -> list[str]:
+    """The first delete of a task raises its TTL to an hour, and has the controller take
+    that event in, before the delete is answered (or its answer is lost); returns the
+    names it did so for."""
     real = h.kube.delete_task
     raced: list[str] = []
 
@@ -349,9 +345,23 @@ async def test_a_ttl_raised_while_its_delete_is_out_is_honoured() -> None:
             )
             h.controller.step()  # its event is taken in before the delete's answer
             assert h.controller.cleanup.entries[(NS, name)].deleting
+            if answer_lost:
+                raise KubeError("timeout")
         return await real(namespace, name, uid, resource_version)
 
     h.kube.delete_task = racing  # type: ignore[method-assign]
+    return raced
+
+
+@run
+async def test_a_ttl_raised_while_its_delete_is_out_is_honoured() -> None:
+    """The TTL raised, and its event seen, while the delete is on its way: the delete is
+    refused (an older resourceVersion) and the task is due by its new TTL, not deleted
+    again at once."""
+    h = Harness(ttl_after_finished=10)
+    h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
+    await h.settle()
+    raced = raise_the_ttl_as_the_delete_goes_out(h)
     await h.advance(11)
     assert raced == ["t"]
     assert h.kube.get("agenttasks", NS, "t") is not None, "precondition: not what was seen"
@@ -423,20 +433,7 @@ async def test_a_ttl_raised_while_its_delete_is_out_then_lost_is_honoured() -> N
     h = Harness(ttl_after_finished=10)
     h.kube.put("agenttasks", finished("t", at=h.clock.now().isoformat()))
     await h.settle()
-    real = h.kube.delete_task
-    raced: list[str] = []
-
-    async def racing(namespace: str, name: str, uid: str, resource_version: str) -> Any:
-        if not raced:
-            raced.append(name)
-            h.kube.edit(
-                "agenttasks", NS, name, lambda b: b["spec"].update(ttlSecondsAfterFinished=3600)
-            )
-            h.controller.step()
-            raise KubeError("timeout")
-        return await real(namespace, name, uid, resource_version)
-
-    h.kube.delete_task = racing  # type: ignore[method-assign]
+    raced = raise_the_ttl_as_the_delete_goes_out(h, answer_lost=True)
     await h.advance(11)
     assert raced == ["t"]
     await h.advance(120)
